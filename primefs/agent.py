@@ -1,0 +1,123 @@
+"""The model loop of one session: model call -> code cells in the kernel -> ... -> a reply without code."""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from .conversation import code_of_call, fenced_code, rebuild, to_messages
+from .kernel import CellResult, Kernel, cut
+from .prompt import system_prompt
+from .providers.base import PYTHON_TOOL, ModelError
+from .session import Session
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+
+def format_cell(res: CellResult, limits: dict) -> str:
+    text = res.output
+    if res.error:
+        text = f"{text}\n{res.error}" if text else res.error
+    text = cut(text, int(limits["output_chars"]))
+    notes = []
+    if res.timed_out:
+        notes.append(f"[the cell ran over {limits['cell_timeout_s']} s and was interrupted; "
+                     "the kernel is still usable]")
+    if res.restarted:
+        notes.append("[the kernel died and was restarted: all your variables are gone; "
+                     "`context`, `llm` and `done` are defined again]")
+    return "\n".join([*notes, text or "[no output]"])
+
+
+class Agent:
+    """Live state of a session in the runner: its kernel, its conversation, its turn."""
+
+    def __init__(self, runner: "Runner", session: Session):
+        self.runner = runner
+        self.session = session
+        self.token = secrets.token_hex(16)
+        meta = session.meta
+        self.settings = runner.ws.resolve_model(meta["model"])
+        self.tool_mode = self.settings["tool_mode"]
+        self.limits = runner.ws.limits(meta.get("limits") or {})
+        self.kernel: Kernel | None = None
+        self.messages: list[dict] | None = None
+        self.done_answer: str | None = None
+
+    # -- state ------------------------------------------------------------------------------------
+    def record(self, type: str, **fields) -> dict:
+        event = self.session.history.append(type, **fields)
+        if self.messages is not None:
+            self.messages.extend(to_messages(event, self.tool_mode))
+        return event
+
+    def ensure_conversation(self) -> None:
+        if self.messages is None:
+            self.messages = rebuild(self.session.events(), self.tool_mode)
+
+    def ensure_kernel(self) -> None:
+        if self.kernel is not None and self.kernel.is_alive():
+            return
+        restarted = self.kernel is not None
+        if self.kernel is not None:
+            self.kernel.shutdown()
+        self.kernel = self.runner.new_kernel(self)
+        self.record("kernel", event="restarted" if restarted else "started")
+
+    def shutdown(self) -> None:
+        if self.kernel is not None:
+            self.kernel.shutdown()
+            self.kernel = None
+
+    # -- one turn ---------------------------------------------------------------------------------
+    def run_turn(self) -> str:
+        """Run until a reply without code, done(), an error or the step limit. Returns the outcome."""
+        self.ensure_conversation()
+        self.ensure_kernel()
+        self.done_answer = None
+        system = system_prompt(root=self.runner.ws.root, tool_mode=self.tool_mode, limits=self.limits,
+                               context_paths=list(self.session.meta.get("context") or []))
+        tools = [PYTHON_TOOL] if self.tool_mode == "native" else None
+        max_steps = int(self.limits["max_steps_per_turn"])
+        for _ in range(max_steps):
+            self.runner.take_mail(self)  # mail that arrived meanwhile is shown before the next call
+            try:
+                reply = self.runner.complete(self, [{"role": "system", "content": system}, *self.messages],
+                                             tools, purpose="turn")
+            except ModelError as exc:
+                self.record("error", error=str(exc))
+                self.session.set_status("failed", error=str(exc), stop_reason="error")
+                return "failed"
+            calls, cells = [], []
+            if self.tool_mode == "native":
+                for c in reply.tool_calls:
+                    calls.append({"id": c.id, "name": c.name, "arguments": c.arguments})
+                    cells.append((c.id,) + code_of_call(c.name, c.arguments))
+            else:
+                cells = [(None, code, None) for code in fenced_code(reply.text)]
+            self.record("assistant", text=reply.text, calls=calls)
+            if not cells:
+                return self.finish(reply.text, "idle")
+            for call_id, code, error in cells:
+                if error:
+                    self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}")
+                    continue
+                res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]))
+                if res.restarted:
+                    self.record("kernel", event="restarted", reason="died or would not stop")
+                self.record("cell", call_id=call_id, code=code, output=cut(res.output, int(self.limits["output_chars"])),
+                            error=res.error, timed_out=res.timed_out, restarted=res.restarted,
+                            elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
+            if self.done_answer is not None:
+                return self.finish(self.done_answer, "done")
+        note = f"max_steps_per_turn ({max_steps}) reached without a final answer"
+        self.record("error", error=note)
+        self.session.set_status("idle", stop_reason="max_steps", error=note)
+        return "max_steps"
+
+    def finish(self, answer: str, status: str) -> str:
+        self.session.write_result(answer)
+        self.record("result", text=answer)
+        self.session.set_status(status, stop_reason="done" if status == "done" else "answered", error=None)
+        return status

@@ -1,0 +1,245 @@
+"""The `primefs` command line. User mistakes print one line and exit non-zero, never a traceback."""
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .accounting import UsageIndex
+from .errors import PrimefsError
+from .goals import goal_files, parse_goal, write_goal
+from .session import find_session
+from .workspace import find_workspace, init_workspace
+
+err = Console(stderr=True, highlight=False)
+
+
+class Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except PrimefsError as exc:
+            err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+            sys.exit(1)
+
+
+def workspace(ctx: click.Context):
+    return find_workspace(ctx.obj.get("workspace"))
+
+
+def _set_workspace(ctx, _param, value):
+    if value:
+        ctx.ensure_object(dict)["workspace"] = value
+    return value
+
+
+# `-w` works before or after the subcommand: `primefs -w DIR status` and `primefs status -w DIR`.
+ws_option = click.option("-w", "--workspace", metavar="DIR", expose_value=False, callback=_set_workspace,
+                         is_eager=True, help="Workspace folder (see `primefs --help`).")
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-w", "--workspace", "ws", metavar="DIR", help="Workspace folder (default: $PRIMEFS_WORKSPACE, "
+              "else the current folder or the nearest parent holding primefs.yaml).")
+@click.version_option(__version__, prog_name="primefs")
+@click.pass_context
+def main(ctx, ws):
+    """primefs: recursive language-model agents on persistent kernels, where everything is a file.
+
+    \b
+    Typical use:
+      primefs init myws && cd myws
+      primefs goal "Find the three largest files under /usr/share"
+      primefs run --once      # run until no session has work left
+      primefs status          # what happened
+    """
+    ctx.ensure_object(dict)["workspace"] = ws
+
+
+@main.command()
+@click.argument("directory", default=".", type=click.Path(file_okay=False))
+@click.option("--from", "source", type=click.Path(exists=True, file_okay=False),
+              help="Copy this workspace template instead of the built-in one (e.g. example_workspace/).")
+def init(directory, source):
+    """Create a new workspace in DIRECTORY (default: here) and make its first git commit."""
+    ws = init_workspace(Path(directory), Path(source) if source else None)
+    click.echo(f"created workspace {ws.root}")
+
+
+@main.command()
+@click.argument("text")
+@click.option("--model", "-m", help="Model for this goal: an alias from primefs.yaml or a litellm model id.")
+@click.option("--name", "-n", help="Name of the goal and of its session (default: from the text).")
+@click.option("--context", "-c", "context", multiple=True, metavar="FILE",
+              help="A file inside the workspace handed to the agent as `context` (repeatable).")
+@ws_option
+@click.pass_context
+def goal(ctx, text, model, name, context):
+    """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
+    ws = workspace(ctx)
+    if text == "-":
+        text = sys.stdin.read()
+    path = write_goal(ws, text, model=model, name=name, context=list(context))
+    click.echo(path.relative_to(ws.root).as_posix())
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Exit when no session has work left (default: keep watching).")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing while running.")
+@ws_option
+@click.pass_context
+def run(ctx, once, quiet):
+    """Run the agents in the foreground: pick up goals, deliver mail, run turns. Ctrl-C stops."""
+    from .runner import Runner
+
+    ws = workspace(ctx)
+    log = (lambda m: None) if quiet else (lambda m: err.print(f"[dim]{datetime.now():%H:%M:%S}[/dim] {m}",
+                                                            markup=True, highlight=False, soft_wrap=True))
+    Runner(ws, log=log).run(once=once)
+
+
+def _short(text: str | None, n: int = 60) -> str:
+    if not text:
+        return ""
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def session_record(index: UsageIndex, sid: str) -> dict:
+    s = index.sessions[sid]
+    m = s.meta
+    return {"id": s.id, "name": m.get("name"), "parent": m.get("parent"), "depth": m.get("depth", 0),
+            "status": m.get("status"), "stop_reason": m.get("stop_reason"), "error": m.get("error"),
+            "model": m.get("model"), "goal": m.get("goal"), "created": m.get("created"),
+            "updated": m.get("updated"), "turns": len(s.events("turn_start")), "result": s.read_result(),
+            "usage": index.own[sid], "tree_usage": index.tree(sid)}
+
+
+def tree_order(index: UsageIndex) -> list[str]:
+    """Roots in creation order, each followed by its descendants (depth first)."""
+    order: list[str] = []
+    stack = sorted((sid for sid in index.children.get(None, [])), reverse=True)
+    orphans = [sid for sid, s in index.sessions.items()
+               if s.meta.get("parent") and s.meta.get("parent") not in index.sessions]
+    stack += sorted(orphans, reverse=True)
+    while stack:
+        sid = stack.pop()
+        order.append(sid)
+        stack.extend(sorted(index.children.get(sid, []), reverse=True))
+    return order
+
+
+def goal_problems(ws) -> list[str]:
+    taken = set()
+    index_goals = {}
+    for p in goal_files(ws):
+        index_goals[p] = p.relative_to(ws.root).as_posix()
+    from .session import list_sessions
+
+    for s in list_sessions(ws.sessions):
+        taken.add(s.meta.get("goal"))
+    problems = []
+    for path, rel in index_goals.items():
+        if rel in taken:
+            continue
+        try:
+            parse_goal(ws, path)
+            problems.append(f"{rel}: waiting for a runner")
+        except PrimefsError as exc:
+            problems.append(f"error: {exc}")
+    return problems
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per session.")
+@ws_option
+@click.pass_context
+def status(ctx, as_json):
+    """Show every session (as a tree) with status, turns, tokens and cost, and goals not yet running."""
+    ws = workspace(ctx)
+    index = UsageIndex(ws.sessions)
+    records = [session_record(index, sid) for sid in tree_order(index)]
+    problems = goal_problems(ws)
+    if as_json:
+        click.echo(json.dumps(records, indent=2, default=str))
+        for p in problems:
+            if p.startswith("error:"):
+                err.print(p, markup=False, soft_wrap=True)
+        return
+    out = Console(highlight=False)
+    if records:
+        table = Table(box=None, header_style="bold")
+        table.add_column("session", no_wrap=True)
+        table.add_column("name", max_width=24, overflow="ellipsis")
+        table.add_column("status", no_wrap=True)
+        for col in ("turns", "tokens", "cost $"):
+            table.add_column(col, justify="right", no_wrap=True)
+        table.add_column("goal / result", overflow="fold", ratio=1)
+        for r in records:
+            tu = r["tree_usage"]
+            state = r["status"] + (f" ({r['stop_reason']})" if r["stop_reason"] and r["status"] != "done" else "")
+            detail = r["error"] if r["status"] == "failed" else (r["result"] or r["goal"] or "")
+            table.add_row("  " * int(r["depth"] or 0) + r["id"], r["name"] or "", state, str(r["turns"]),
+                          f"{tu['input_tokens'] + tu['output_tokens']:,}", f"{tu['cost_usd']:.4f}", _short(detail))
+        out.print(table)
+    else:
+        out.print("no sessions yet")
+    for p in problems:
+        (err if p.startswith("error:") else out).print(p, markup=False, soft_wrap=True)
+
+
+@main.command()
+@click.argument("session")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw events, one JSON object per line.")
+@ws_option
+@click.pass_context
+def log(ctx, session, as_json):
+    """Show a session's history (SESSION: id or name)."""
+    from .logview import print_events
+
+    ws = workspace(ctx)
+    s = find_session(ws.sessions, session)
+    events = s.events()
+    if as_json:
+        for e in events:
+            click.echo(json.dumps(e, ensure_ascii=False))
+        return
+    print_events(Console(highlight=False), s, events)
+
+
+@main.command()
+@click.argument("session")
+@click.option("--json", "as_json", is_flag=True, help='Print {"session", "own", "tree"}.')
+@ws_option
+@click.pass_context
+def usage(ctx, session, as_json):
+    """Tokens, calls, cost and time of a session, and of it with all its descendants."""
+    ws = workspace(ctx)
+    s = find_session(ws.sessions, session)
+    index = UsageIndex(ws.sessions)
+    data = {"session": s.id, "own": index.own[s.id], "tree": index.tree(s.id)}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    table.add_column("")
+    for f in ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s"):
+        table.add_column(f, justify="right")
+    for label in ("own", "tree"):
+        u = data[label]
+        table.add_row(label, str(u["calls"]), f"{u['input_tokens']:,}", f"{u['output_tokens']:,}",
+                      f"{u['cost_usd']:.6f}", f"{u['wall_s']:.2f}")
+    Console(highlight=False).print(table)
+    if data["tree"]["cost_unknown_calls"]:
+        err.print(f"note: {data['tree']['cost_unknown_calls']} call(s) had no known price; counted as $0",
+                  highlight=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Small durable file operations shared by sessions, goals and mail."""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from .errors import PrimefsError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Names from outside become file names: refuse anything that could escape a folder."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+        raise PrimefsError(f"invalid {what} {name!r}: use letters, digits, '.', '_' or '-' (max 128), "
+                           "starting with a letter or digit")
+    return name
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str, durable: bool = True) -> None:
+    """Write via a temp file and rename, so readers never see a half-written file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def write_new(path: Path, text: str) -> bool:
+    """Create `path` with `text` atomically and durably; False if it already exists (never overwrites)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        fsync_dir(path.parent)
+        return True
+    finally:
+        os.unlink(tmp)

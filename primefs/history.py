@@ -1,0 +1,96 @@
+"""history.jsonl: an append-only event log, one small JSON object per line.
+
+Each record is written with one O_APPEND write, so concurrent appends never interleave and a
+crash can tear at most the last line. Readers skip a torn last line; a writer that opens the
+log truncates a torn tail before appending (see design notes: big single writes tear on SIGKILL,
+so large outputs should be kept short or stored as separate files).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+
+def now() -> float:
+    return round(time.time(), 6)
+
+
+class History:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._seq: int | None = None
+
+    def _open(self) -> int:
+        if self._fd is None:
+            repair_tail(self.path)
+            self._seq = sum(1 for _ in iter_events(self.path))
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self._fd
+
+    def append(self, type: str, **fields) -> dict:
+        """Append an event; returns it (with `ts`, `type` and a per-session sequence number `n`)."""
+        with self._lock:
+            fd = self._open()
+            event = {"ts": now(), "type": type, "n": self._seq, **fields}
+            os.write(fd, (json.dumps(event, ensure_ascii=False, default=str) + "\n").encode("utf-8"))
+            self._seq += 1
+        return event
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def repair_tail(path: Path) -> bool:
+    """Cut a torn (unterminated) last line left by a crash. Returns True if it cut something."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return False
+            f.seek(max(0, size - 1))
+            if f.read(1) == b"\n":
+                return False
+            # find the start of the torn line
+            pos, chunk = size, 65536
+            while pos > 0:
+                start = max(0, pos - chunk)
+                f.seek(start)
+                data = f.read(pos - start)
+                i = data.rfind(b"\n")
+                if i >= 0:
+                    f.truncate(start + i + 1)
+                    return True
+                pos = start
+            f.truncate(0)
+            return True
+    except FileNotFoundError:
+        return False
+
+
+def iter_events(path: Path) -> Iterator[dict]:
+    """Every complete event; a torn or garbled line is skipped."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
+def read_events(path: Path, type: str | None = None) -> list[dict]:
+    return [e for e in iter_events(path) if type is None or e.get("type") == type]

@@ -1,0 +1,53 @@
+"""Readable rendering of history events (primefs log)."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from rich.console import Console
+from rich.markup import escape
+from rich.syntax import Syntax
+
+
+def _ts(e: dict) -> str:
+    return datetime.fromtimestamp(e.get("ts", 0)).strftime("%H:%M:%S")
+
+
+def print_events(out: Console, session, events: list[dict]) -> None:
+    out.print(f"[bold]{session.id}[/bold] ({escape(session.name)}) status: {session.status}")
+    for e in events:
+        t, ts = e.get("type"), f"[dim]{_ts(e)}[/dim]"
+        if t == "task":
+            out.print(f"{ts} [bold cyan]task[/bold cyan]\n{escape(e['text'])}")
+        elif t == "message":
+            out.print(f"{ts} [bold cyan]{escape(e['kind'])} from {escape(e['from'])}[/bold cyan]\n{escape(e['text'])}")
+        elif t == "notice":
+            out.print(f"{ts} [yellow]notice[/yellow] {escape(e['text'])}")
+        elif t == "model_call":
+            cost = f", ${e['cost_usd']:.6f}" if e.get("cost_known") else ""
+            out.print(f"{ts} [dim]model {escape(str(e['model']))} ({e['purpose']}): {e['input_tokens']} in, "
+                      f"{e['output_tokens']} out, {e['latency_s']:.2f} s{cost}[/dim]")
+        elif t == "model_error":
+            out.print(f"{ts} [red]model error (attempt {e['attempt']})[/red] {escape(e['error'])}")
+        elif t == "assistant":
+            if e.get("text"):
+                out.print(f"{ts} [bold green]assistant[/bold green]\n{escape(e['text'])}")
+            for c in e.get("calls") or []:
+                out.print(f"{ts} [green]tool call[/green] {escape(c['name'])}")
+        elif t == "cell":
+            out.print(f"{ts} [magenta]cell[/magenta]")
+            if e.get("code"):
+                out.print(Syntax(e["code"], "python", theme="ansi_dark", background_color="default"))
+            out.print(escape(e.get("shown", "")))
+        elif t == "result":
+            out.print(f"{ts} [bold]result[/bold]\n{escape(e['text'])}")
+        elif t == "status":
+            reason = f" ({e['stop_reason']})" if e.get("stop_reason") else ""
+            out.print(f"{ts} [blue]status[/blue] {e.get('previous')} -> {e['status']}{reason}")
+        elif t == "error":
+            out.print(f"{ts} [red]error[/red] {escape(e['error'])}")
+        elif t in ("turn_start", "turn_end"):
+            extra = f": {e['outcome']} in {e['elapsed_s']:.2f} s" if t == "turn_end" else ""
+            out.print(f"{ts} [dim]{t.replace('_', ' ')} {e['turn']}{extra}[/dim]")
+        else:
+            fields = {k: v for k, v in e.items() if k not in ("ts", "type", "n")}
+            out.print(f"{ts} [dim]{t} {escape(str(fields))}[/dim]")

@@ -1,0 +1,127 @@
+"""Maildir-style mailboxes: sessions/<id>/mail/{tmp,new,cur,bad}/.
+
+Delivery writes in tmp/, fsyncs and renames into new/ (readers never see half a message).
+A reader claims a message by renaming it into cur/ as `<name>!2,` (only one rename wins), and
+acknowledges it once the turn that read it has recorded it, as `<name>!2,S`. A claimed but
+unacknowledged message is therefore visible after a crash. ':' is avoided in names (Windows).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import frontmatter
+from .errors import PrimefsError
+from .fsutil import NAME_RE, fsync_dir
+from .session import iso
+
+CLAIMED, SEEN = "!2,", "!2,S"
+KINDS = ("message", "result", "user", "heartbeat", "system")
+
+
+class BadMessage(PrimefsError):
+    pass
+
+
+@dataclass
+class Message:
+    id: str
+    sender: str
+    to: str
+    kind: str
+    text: str
+    created: str
+    path: Path | None = None
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "from": self.sender, "to": self.to, "kind": self.kind,
+                "text": self.text, "created": self.created}
+
+
+def new_message_id() -> str:
+    return f"{time.time_ns()}.{secrets.token_hex(4)}"
+
+
+def deliver(mail_dir: Path, *, sender: str, to: str, kind: str, text: str, extra: dict | None = None) -> Message:
+    msg = Message(id=new_message_id(), sender=sender, to=to, kind=kind, text=text, created=iso())
+    meta = {"id": msg.id, "from": sender, "to": to, "kind": kind, "created": msg.created, **(extra or {})}
+    tmp = mail_dir / "tmp" / f"{msg.id}.md"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(frontmatter.dump(meta, text))
+        f.flush()
+        os.fsync(f.fileno())
+    target = mail_dir / "new" / tmp.name
+    os.rename(tmp, target)
+    fsync_dir(target.parent)
+    msg.path = target
+    return msg
+
+
+def new_files(mail_dir: Path) -> list[Path]:
+    try:
+        return sorted(p for p in (mail_dir / "new").iterdir() if not p.name.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def base_name(path: Path) -> str:
+    name = path.name
+    return name.split("!2,")[0]
+
+
+def claim(path: Path) -> Path | None:
+    """Move new/<name> to cur/<name>!2, ; None if someone else claimed it first."""
+    target = path.parent.parent / "cur" / (base_name(path) + CLAIMED)
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:
+        return None
+    return target
+
+
+def ack(path: Path) -> Path:
+    if path.name.endswith(SEEN):
+        return path
+    target = path.with_name(base_name(path) + SEEN)
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:
+        pass
+    return target
+
+
+def unacked(mail_dir: Path) -> list[Path]:
+    try:
+        return sorted(p for p in (mail_dir / "cur").iterdir() if p.name.endswith(CLAIMED))
+    except FileNotFoundError:
+        return []
+
+
+def parse(path: Path, to: str = "") -> Message:
+    """A message file -> Message. Hand-written files without front matter count as user mail."""
+    try:
+        meta, body = frontmatter.read(path)
+    except PrimefsError as exc:
+        raise BadMessage(str(exc)) from None
+    mid = str(meta.get("id") or base_name(path).removesuffix(".md"))
+    if not NAME_RE.match(mid):
+        raise BadMessage(f"{path.name}: message id {mid!r} is not a safe name")
+    kind = str(meta.get("kind") or "user")
+    if kind not in KINDS:
+        raise BadMessage(f"{path.name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    return Message(id=mid, sender=str(meta.get("from") or "user"), to=str(meta.get("to") or to), kind=kind,
+                   text=body, created=str(meta.get("created") or iso(path.stat().st_mtime)), path=path)
+
+
+def quarantine(path: Path, reason: str) -> Path:
+    """Move a bad message to mail/bad/ with a .reason file beside it: never lost, never retried."""
+    bad = path.parent.parent / "bad"
+    bad.mkdir(exist_ok=True)
+    target = bad / base_name(path)
+    os.rename(path, target)
+    (bad / (target.name + ".reason")).write_text(reason + "\n", encoding="utf-8")
+    return target

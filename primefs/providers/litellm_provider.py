@@ -1,0 +1,87 @@
+"""Every litellm model id. litellm is imported lazily: it costs ~2 s and ~190 MiB."""
+from __future__ import annotations
+
+import os
+import threading
+
+from .base import ModelError, ModelReply, ToolCall
+
+_import_lock = threading.Lock()
+_litellm = None
+
+# Settings that are ours, not litellm's: never passed on.
+OWN_KEYS = {"model", "tool_mode", "api_key_env", "provider", "script", "stream", "context_window", "workspace"}
+
+
+def get_litellm():
+    global _litellm
+    with _import_lock:
+        if _litellm is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            import litellm
+
+            litellm.suppress_debug_info = True
+            litellm.drop_params = True
+            _litellm = litellm
+    return _litellm
+
+
+def _is_retryable(exc: Exception) -> bool:
+    status = getattr(exc, "status_code", None)
+    # Errors the user must fix (bad key, unknown model, bad request) won't change on retry,
+    # but the issue contract retries every model error a bounded number of times; keep
+    # that, except for errors raised before any request was sent.
+    return not isinstance(exc, (TypeError, ValueError)) or status is not None
+
+
+class LiteLLMProvider:
+    name = "litellm"
+
+    def matches(self, model_id: str) -> bool:
+        return True
+
+    def complete(self, messages: list[dict], tools: list[dict] | None, settings: dict) -> ModelReply:
+        litellm = get_litellm()
+        kwargs = {k: v for k, v in settings.items() if k not in OWN_KEYS and v is not None}
+        if settings.get("api_key_env"):
+            key = os.environ.get(settings["api_key_env"])
+            if key is None:
+                raise ModelError(f"environment variable {settings['api_key_env']} (api_key_env) is not set",
+                                 retryable=False)
+            kwargs["api_key"] = key
+        if tools:
+            kwargs["tools"] = tools
+        kwargs.setdefault("num_retries", 0)  # the loop retries with its own backoff and records it
+        model = settings["model"]
+        try:
+            if settings.get("stream"):
+                chunks = list(litellm.completion(model=model, messages=messages, stream=True,
+                                                 stream_options={"include_usage": True}, **kwargs))
+                response = litellm.stream_chunk_builder(chunks, messages=messages)
+            else:
+                response = litellm.completion(model=model, messages=messages, **kwargs)
+        except Exception as exc:  # litellm maps provider errors to its own exception types
+            raise ModelError(f"{type(exc).__name__}: {exc}", retryable=_is_retryable(exc)) from exc
+        return _to_reply(litellm, response, model)
+
+
+def _to_reply(litellm, response, model: str) -> ModelReply:
+    message = response.choices[0].message
+    calls = [ToolCall(id=c.id or f"call_{i}", name=c.function.name or "", arguments=c.function.arguments or "")
+             for i, c in enumerate(message.tool_calls or [])]
+    usage = getattr(response, "usage", None)
+    cost, known = 0.0, False
+    try:
+        cost = float(litellm.completion_cost(completion_response=response) or 0.0)
+        known = True
+    except Exception:  # unknown model: no price; counted as 0 and marked unknown
+        pass
+    return ModelReply(
+        text=message.content or "",
+        tool_calls=calls,
+        input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        cost_usd=cost,
+        cost_known=known,
+        model=getattr(response, "model", None) or model,
+    )

@@ -1,0 +1,62 @@
+"""The ``scripted`` provider: replies from a script file, no network, no litellm.
+
+Model id ``scripted/<path>`` (path relative to the workspace, or absolute), or an alias with
+``provider: scripted`` and ``script: <path>``. See ``script.py`` for the file format.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from .base import ModelError, ModelReply, ToolCall
+from .script import estimate_tokens, fenced, load_script, next_reply, prompt_tokens
+
+
+class ScriptedProvider:
+    name = "scripted"
+
+    def __init__(self):
+        self._cache: dict[str, tuple[float, dict]] = {}
+        self._lock = threading.Lock()
+
+    def matches(self, model_id: str) -> bool:
+        return model_id.startswith("scripted/")
+
+    def _script(self, p: Path) -> dict:
+        path = str(p)
+        try:
+            mtime = p.stat().st_mtime
+        except OSError:
+            raise ModelError(f"script file not found: {path}", retryable=False)
+        with self._lock:
+            cached = self._cache.get(path)
+            if cached and cached[0] == mtime:
+                return cached[1]
+            try:
+                script = load_script(p)
+            except Exception as exc:
+                raise ModelError(f"bad script file {path}: {exc}", retryable=False)
+            self._cache[path] = (mtime, script)
+            return script
+
+    def complete(self, messages, tools, settings) -> ModelReply:
+        path = Path(settings.get("script") or settings["model"].split("/", 1)[1])
+        if not path.is_absolute():  # relative to the workspace, wherever the runner was started
+            path = Path(settings.get("workspace") or ".") / path
+        reply = next_reply(self._script(path), messages)
+        text, code = reply.get("text", "") or "", reply.get("code")
+        calls = []
+        if code is not None and tools:
+            calls = [ToolCall(id="call_0", name="python", arguments=json.dumps({"code": code}))]
+        elif code is not None:
+            text = fenced(text, code)
+        usage = reply.get("usage") or {}
+        out = text + "".join(c.arguments for c in calls)
+        return ModelReply(
+            text=text,
+            tool_calls=calls,
+            input_tokens=int(usage.get("input_tokens", prompt_tokens(messages))),
+            output_tokens=int(usage.get("output_tokens", estimate_tokens(out))),
+            model=settings["model"],
+        )

@@ -1,0 +1,84 @@
+"""Kernel -> runner requests over one unix socket (newline-delimited JSON, one request per connection).
+
+Kernels never import litellm or touch other sessions' state: helpers such as llm() and done()
+ask the runner. Each kernel gets a secret token at bootstrap; the runner maps the token to the
+session, so the caller's identity is derived by the runner and cannot be forged from code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import threading
+from pathlib import Path
+from typing import Callable
+
+Handler = Callable[[str, str, dict], object]  # (token, op, args) -> JSON-able result
+
+
+class RpcError(Exception):
+    pass
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class RpcServer:
+    def __init__(self, path: Path, handler: Handler):
+        self.path = Path(path)
+        self.handler = handler
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        outer = self
+
+        class Conn(socketserver.StreamRequestHandler):
+            def handle(self):
+                line = self.rfile.readline()
+                if not line:
+                    return
+                try:
+                    req = json.loads(line)
+                    result = outer.handler(req.get("token", ""), req["op"], req.get("args") or {})
+                    reply = {"ok": True, "result": result}
+                except Exception as exc:  # becomes an exception in the cell, not a runner crash
+                    reply = {"ok": False, "error": str(exc), "type": type(exc).__name__}
+                try:
+                    self.wfile.write((json.dumps(reply, default=str) + "\n").encode())
+                except OSError:
+                    pass
+
+        self.server = _Server(str(self.path), Conn)
+        os.chmod(self.path, 0o600)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="primefs-rpc", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def call(path: str, token: str, op: str, args: dict | None = None, timeout: float | None = None):
+    """Client side (runs in the kernel): send one request, wait for its reply."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall((json.dumps({"token": token, "op": op, "args": args or {}}) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise RpcError("the primefs runner closed the connection (was it stopped?)")
+            buf += chunk
+    reply = json.loads(buf)
+    if not reply["ok"]:
+        raise RpcError(reply["error"])
+    return reply["result"]

@@ -1,0 +1,138 @@
+"""A session is a folder: sessions/<id>/{session.yaml, task.md, history.jsonl, result.md, mail/}."""
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .errors import PrimefsError
+from .frontmatter import dump_yaml, load_yaml
+from .fsutil import write_atomic
+from .history import History, read_events
+
+STATUSES = ("pending", "running", "idle", "done", "failed", "stopped")
+_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def iso(ts: float | None = None) -> str:
+    return datetime.fromtimestamp(ts if ts is not None else time.time(), timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_id() -> str:
+    """Short, sortable by creation time (UTC, to the second), unique, safe as a file name."""
+    stamp = datetime.now(timezone.utc).strftime("%y%m%d-%H%M%S")
+    return f"{stamp}-{''.join(secrets.choice(_ALPHABET) for _ in range(4))}"
+
+
+class Session:
+    def __init__(self, root: Path):
+        self.dir = Path(root)
+        self.id = self.dir.name
+        self._meta: dict | None = None
+        self._lock = threading.Lock()
+        self.history = History(self.dir / "history.jsonl")
+
+    # -- files ------------------------------------------------------------------------------------
+    @property
+    def meta(self) -> dict:
+        if self._meta is None:
+            self._meta = self.read_meta()
+        return self._meta
+
+    def read_meta(self) -> dict:
+        data = load_yaml(self.dir / "session.yaml")
+        if not isinstance(data, dict):
+            raise PrimefsError(f"{self.dir / 'session.yaml'}: not a mapping")
+        return data
+
+    def reload(self) -> dict:
+        self._meta = self.read_meta()
+        return self._meta
+
+    def update(self, **fields) -> dict:
+        with self._lock:
+            meta = self.meta
+            meta.update(fields)
+            meta["updated"] = iso()
+            write_atomic(self.dir / "session.yaml", dump_yaml(meta), durable=False)
+            return meta
+
+    def set_status(self, status: str, **fields) -> None:
+        assert status in STATUSES, status
+        previous = self.meta.get("status")
+        self.update(status=status, **fields)
+        if previous != status:
+            self.history.append("status", status=status, previous=previous,
+                                **{k: v for k, v in fields.items() if v is not None})
+
+    @property
+    def name(self) -> str:
+        return self.meta.get("name") or self.id
+
+    @property
+    def status(self) -> str:
+        return self.meta.get("status", "pending")
+
+    @property
+    def task(self) -> str:
+        return (self.dir / "task.md").read_text(encoding="utf-8")
+
+    def read_result(self) -> str | None:
+        try:
+            return (self.dir / "result.md").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def write_result(self, text: str) -> None:
+        write_atomic(self.dir / "result.md", text)
+
+    def events(self, type: str | None = None) -> list[dict]:
+        return read_events(self.dir / "history.jsonl", type)
+
+    @property
+    def mail(self) -> Path:
+        return self.dir / "mail"
+
+
+def create_session(sessions_dir: Path, *, task: str, name: str | None, model: str, parent: str | None = None,
+                   depth: int = 0, goal: str | None = None, context: list[str] | None = None,
+                   extra: dict | None = None) -> Session:
+    """Make the folder complete under a temp name, then rename it into place: a crash leaves no half session."""
+    sessions_dir.mkdir(parents=True, exist_ok=True)
+    while True:
+        sid = new_id()
+        final = sessions_dir / sid
+        if not final.exists():
+            break
+    tmp = sessions_dir / f".new-{sid}"
+    for sub in ("tmp", "new", "cur"):
+        (tmp / "mail" / sub).mkdir(parents=True)
+    now = iso()
+    meta = {"id": sid, "name": name or sid, "parent": parent, "depth": depth, "status": "pending",
+            "model": model, "goal": goal, "context": list(context or []), "created": now, "updated": now}
+    meta.update(extra or {})
+    (tmp / "session.yaml").write_text(dump_yaml(meta), encoding="utf-8")
+    (tmp / "task.md").write_text(task, encoding="utf-8")
+    (tmp / "history.jsonl").touch()
+    os.rename(tmp, final)
+    return Session(final)
+
+
+def list_sessions(sessions_dir: Path) -> list[Session]:
+    if not sessions_dir.is_dir():
+        return []
+    return [Session(p) for p in sorted(sessions_dir.iterdir())
+            if p.is_dir() and not p.name.startswith(".") and (p / "session.yaml").is_file()]
+
+
+def find_session(sessions_dir: Path, key: str) -> Session:
+    """By id, else by name (the newest session of that name)."""
+    if key and "/" not in key and ".." not in key and (sessions_dir / key / "session.yaml").is_file():
+        return Session(sessions_dir / key)
+    matches = [s for s in list_sessions(sessions_dir) if s.meta.get("name") == key]
+    if not matches:
+        raise PrimefsError(f"no session with id or name {key!r} (see `primefs status`)")
+    return matches[-1]

@@ -1,0 +1,161 @@
+"""The workspace: a git-versioned folder of plain files. Finding it, creating it, its config."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cached_property
+from importlib.util import find_spec
+from pathlib import Path
+
+from .errors import PrimefsError
+from .frontmatter import load_yaml
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+CONFIG = "primefs.yaml"
+
+DEFAULT_LIMITS = {
+    "cell_timeout_s": 120,
+    "output_chars": 8000,
+    "max_steps_per_turn": 30,
+    "model_retries": 3,
+    "model_retry_backoff_s": 1.0,
+    "max_depth": 3,
+    "max_concurrent_sessions": 4,
+}
+TOOL_MODES = ("native", "fenced")
+
+
+def find_workspace(explicit: str | None = None) -> "Workspace":
+    """-w DIR, else $PRIMEFS_WORKSPACE, else the current folder or the nearest parent with primefs.yaml."""
+    start = explicit or os.environ.get("PRIMEFS_WORKSPACE")
+    if start:
+        root = Path(start).expanduser().resolve()
+        if not (root / CONFIG).is_file():
+            raise PrimefsError(f"no primefs workspace at {root} (no {CONFIG}); create one with `primefs init {start}`")
+        return Workspace(root)
+    here = Path.cwd().resolve()
+    for d in (here, *here.parents):
+        if (d / CONFIG).is_file():
+            return Workspace(d)
+    raise PrimefsError("not inside a primefs workspace (no primefs.yaml here or above); "
+                       "run `primefs init DIR`, or pass -w DIR / set PRIMEFS_WORKSPACE")
+
+
+def init_workspace(target: Path, source: Path | None = None) -> "Workspace":
+    """Create a workspace from templates/ (or from `source`, e.g. example_workspace/), then git init + commit."""
+    target = Path(target).expanduser().resolve()
+    if (target / CONFIG).exists():
+        raise PrimefsError(f"{target} is already a primefs workspace; refusing to overwrite it")
+    if target.exists() and any(p.name != ".git" for p in target.iterdir()):
+        raise PrimefsError(f"{target} exists and is not empty; choose a new or empty folder")
+    src = Path(source) if source else TEMPLATES
+    if not (src / CONFIG).is_file():
+        raise PrimefsError(f"{src} is not a workspace template (no {CONFIG})")
+    shutil.copytree(src, target, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(".git", "__pycache__", ".primefs"))
+    ws = Workspace(target)
+    for d in ("goals", "sessions", "plugins", "harness/notes", "harness/memory", "harness/skills", "harness/agents"):
+        (target / d).mkdir(parents=True, exist_ok=True)
+    git = ["git", "-C", str(target)]
+    if not (target / ".git").exists():
+        subprocess.run([*git, "init", "-q"], check=True)
+    env = git_env()
+    subprocess.run([*git, "add", "-A"], check=True, env=env)
+    subprocess.run([*git, "commit", "-q", "-m", "primefs: new workspace"], check=True, env=env)
+    return ws
+
+
+def git_env() -> dict:
+    """git refuses to commit without an identity; give the runner one unless the user has one."""
+    env = dict(os.environ)
+    for key, value in (("GIT_AUTHOR_NAME", "primefs"), ("GIT_AUTHOR_EMAIL", "primefs@localhost"),
+                       ("GIT_COMMITTER_NAME", "primefs"), ("GIT_COMMITTER_EMAIL", "primefs@localhost")):
+        env.setdefault(key, value)
+    return env
+
+
+class Workspace:
+    def __init__(self, root: Path):
+        self.root = Path(root).resolve()
+        self.goals = self.root / "goals"
+        self.sessions = self.root / "sessions"
+        self.harness = self.root / "harness"
+        self.plugins = self.root / "plugins"
+        self.state = self.root / ".primefs"  # runtime only, git-ignored
+
+    @cached_property
+    def runtime(self) -> Path:
+        """Short private folder for sockets and kernel connection files (unix socket paths max ~107 chars)."""
+        digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
+        path = Path(tempfile.gettempdir()) / f"primefs-{os.getuid()}" / digest
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    # -- config -----------------------------------------------------------------------------------
+    @cached_property
+    def config(self) -> dict:
+        data = load_yaml(self.root / CONFIG) or {}
+        if not isinstance(data, dict):
+            raise PrimefsError(f"{self.root / CONFIG}: must be a YAML mapping")
+        return data
+
+    def limits(self, overrides: dict | None = None) -> dict:
+        limits = dict(DEFAULT_LIMITS)
+        limits.update(self.config.get("limits") or {})
+        limits.update(overrides or {})
+        return limits
+
+    def default_model(self) -> str:
+        return os.environ.get("PRIMEFS_MODEL") or self.config.get("model") or "local"
+
+    def resolve_model(self, name: str) -> dict:
+        """Model name (alias or provider id) -> settings dict with `model` and `tool_mode`."""
+        aliases = self.config.get("models") or {}
+        if name in aliases:
+            settings = copy.deepcopy(dict(aliases[name] or {}))
+            if "model" not in settings:
+                raise PrimefsError(f"{CONFIG}: model alias {name!r} has no `model:` key")
+            settings["model"] = str(settings["model"])
+            if settings["model"] in aliases and settings["model"] != name:
+                raise PrimefsError(f"{CONFIG}: model alias {name!r} points to another alias; give a model id")
+        elif is_model_id(name):
+            settings = {"model": name}
+        else:
+            known = ", ".join(sorted(aliases)) or "none"
+            raise PrimefsError(f"unknown model {name!r}: not an alias in {CONFIG} (aliases: {known}) "
+                               "and not a litellm model id (use provider/model, e.g. openai/gpt-4o-mini)")
+        mode = settings.setdefault("tool_mode", "fenced" if settings["model"].split("/")[0] == "local" else "native")
+        if mode not in TOOL_MODES:
+            raise PrimefsError(f"{CONFIG}: tool_mode of {name!r} must be native or fenced, not {mode!r}")
+        return settings
+
+
+def is_model_id(name: str) -> bool:
+    """provider/model ids, our own providers, and bare ids litellm knows (read from its price list file)."""
+    if not name or any(c.isspace() for c in name):
+        return False
+    if "/" in name or name in ("local", "scripted"):
+        return True
+    return name in _litellm_model_names()
+
+
+_MODEL_NAMES: set[str] | None = None
+
+
+def _litellm_model_names() -> set[str]:
+    # Reading litellm's bundled price list is ~10x cheaper than importing litellm.
+    global _MODEL_NAMES
+    if _MODEL_NAMES is None:
+        spec = find_spec("litellm")
+        names: set[str] = set()
+        if spec and spec.origin:
+            f = Path(spec.origin).parent / "model_prices_and_context_window_backup.json"
+            if f.is_file():
+                names = set(json.loads(f.read_text()))
+        _MODEL_NAMES = names
+    return _MODEL_NAMES

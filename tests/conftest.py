@@ -1,0 +1,78 @@
+"""Shared fixtures: real workspaces (real git), a real scripted HTTP model server, real kernels."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ["PRIMEFS_LOAD_PLUGINS"] = os.environ.get("PRIMEFS_TEST_PLUGINS", "0")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from openai_server import ScriptServer  # noqa: E402
+
+from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
+from primefs.runner import Runner  # noqa: E402
+from primefs.workspace import Workspace, init_workspace  # noqa: E402
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch) -> Workspace:
+    monkeypatch.delenv("PRIMEFS_MODEL", raising=False)
+    monkeypatch.delenv("PRIMEFS_WORKSPACE", raising=False)
+    return init_workspace(tmp_path / "ws")
+
+
+@pytest.fixture
+def server():
+    with ScriptServer([{"text": "hello"}]) as srv:
+        yield srv
+
+
+def configure(ws: Workspace, **changes) -> Workspace:
+    """Edit primefs.yaml (round trip) and return a fresh Workspace that reads it."""
+    path = ws.root / "primefs.yaml"
+    data = load_yaml(path)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key].update(value)
+        else:
+            data[key] = value
+    path.write_text(dump_yaml(data))
+    return Workspace(ws.root)
+
+
+def use_server(ws: Workspace, srv: ScriptServer, *, tool_mode="native", stream=False, limits=None) -> Workspace:
+    """Point the workspace's default model at the scripted server through litellm."""
+    alias = {"model": "openai/test-model", "api_base": srv.url, "api_key": "test-key", "tool_mode": tool_mode}
+    if stream:
+        alias["stream"] = True
+    lim = {"model_retry_backoff_s": 0.01, "cell_timeout_s": 20}
+    lim.update(limits or {})
+    return configure(ws, model="fake", models={"fake": alias}, limits=lim)
+
+
+def run_once(ws: Workspace) -> list[str]:
+    lines: list[str] = []
+    Runner(ws, log=lines.append).run(once=True)
+    return lines
+
+
+class BackgroundRunner:
+    """`primefs run` (watching) in a thread, for tests of reactions to new files."""
+
+    def __init__(self, ws: Workspace):
+        self.lines: list[str] = []
+        self.runner = Runner(ws, log=self.lines.append)
+        self.thread = threading.Thread(target=self.runner.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.runner.stop()
+        self.thread.join(30)
