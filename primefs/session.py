@@ -1,7 +1,6 @@
 """A session is a folder: sessions/<id>/{session.yaml, task.md, history.jsonl, result.md, mail/}."""
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
@@ -100,24 +99,28 @@ class Session:
 def create_session(sessions_dir: Path, *, task: str, name: str | None, model: str, parent: str | None = None,
                    depth: int = 0, goal: str | None = None, context: list[str] | None = None,
                    extra: dict | None = None) -> Session:
-    """Make the folder complete under a temp name, then rename it into place: a crash leaves no half session."""
+    """session.yaml is written last and atomically: a folder without it is an unfinished (ignored) session.
+
+    (Not a temp folder renamed into place: recursive inotify watches would keep the old name.)
+    """
     sessions_dir.mkdir(parents=True, exist_ok=True)
     while True:
         sid = new_id()
-        final = sessions_dir / sid
-        if not final.exists():
+        try:
+            (sessions_dir / sid).mkdir()
             break
-    tmp = sessions_dir / f".new-{sid}"
+        except FileExistsError:
+            continue
+    final = sessions_dir / sid
     for sub in ("tmp", "new", "cur"):
-        (tmp / "mail" / sub).mkdir(parents=True)
+        (final / "mail" / sub).mkdir(parents=True)
     now = iso()
     meta = {"id": sid, "name": name or sid, "parent": parent, "depth": depth, "status": "pending",
             "model": model, "goal": goal, "context": list(context or []), "created": now, "updated": now}
     meta.update(extra or {})
-    (tmp / "session.yaml").write_text(dump_yaml(meta), encoding="utf-8")
-    (tmp / "task.md").write_text(task, encoding="utf-8")
-    (tmp / "history.jsonl").touch()
-    os.rename(tmp, final)
+    (final / "task.md").write_text(task, encoding="utf-8")
+    (final / "history.jsonl").touch()
+    write_atomic(final / "session.yaml", dump_yaml(meta))
     return Session(final)
 
 
