@@ -42,28 +42,46 @@ class Agent:
         self.tool_mode = self.settings["tool_mode"]
         self.limits = runner.ws.limits(meta.get("limits") or {})
         self.kernel: Kernel | None = None
+        self.kernel_lost = False  # its kernel was taken back while idle: tell the model next turn
         self.messages: list[dict] | None = None
+        self.seen_ids: set[str] = set()  # ids of messages already in history: none is shown twice
+        self.turns = 0
         self.done_answer: str | None = None
+        self.stop_requested = False
 
     # -- state ------------------------------------------------------------------------------------
     def record(self, type: str, **fields) -> dict:
         event = self.session.history.append(type, **fields)
         if self.messages is not None:
             self.messages.extend(to_messages(event, self.tool_mode))
+        if type == "message":
+            self.seen_ids.add(fields["id"])
         return event
 
     def ensure_conversation(self) -> None:
         if self.messages is None:
-            self.messages = rebuild(self.session.events(), self.tool_mode)
+            events = self.session.events()
+            self.messages = rebuild(events, self.tool_mode)
+            self.seen_ids = {e.get("id") for e in events if e["type"] == "message"}
+            self.turns = sum(1 for e in events if e["type"] == "turn_start")
 
     def ensure_kernel(self) -> None:
         if self.kernel is not None and self.kernel.is_alive():
             return
-        restarted = self.kernel is not None
+        lost = self.kernel is not None or self.kernel_lost
         if self.kernel is not None:
             self.kernel.shutdown()
-        self.kernel = self.runner.new_kernel(self)
-        self.record("kernel", event="restarted" if restarted else "started")
+        self.kernel = self.runner.kernel_for(self)
+        self.kernel_lost = False
+        self.record("kernel", event="restarted" if lost else "started")
+        if lost:
+            self.record("notice", text="Your kernel was restarted since your last turn: variables you made are "
+                                       "gone (`context` and the kernel API are defined again).")
+
+    def release_kernel(self) -> "Kernel | None":
+        kernel, self.kernel = self.kernel, None
+        self.kernel_lost = kernel is not None
+        return kernel
 
     def shutdown(self) -> None:
         if self.kernel is not None:
@@ -77,10 +95,13 @@ class Agent:
         self.ensure_kernel()
         self.done_answer = None
         system = system_prompt(root=self.runner.ws.root, tool_mode=self.tool_mode, limits=self.limits,
-                               context_paths=list(self.session.meta.get("context") or []))
+                               context_paths=list(self.session.meta.get("context") or []),
+                               context_data=self.session.meta.get("context_data"))
         tools = [PYTHON_TOOL] if self.tool_mode == "native" else None
         max_steps = int(self.limits["max_steps_per_turn"])
         for _ in range(max_steps):
+            if self.stop_requested:
+                return self.stopped()
             self.runner.take_mail(self)  # mail that arrived meanwhile is shown before the next call
             try:
                 reply = self.runner.complete(self, [{"role": "system", "content": system}, *self.messages],
@@ -111,10 +132,16 @@ class Agent:
                             elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
             if self.done_answer is not None:
                 return self.finish(self.done_answer, "done")
+            if self.stop_requested:
+                return self.stopped()
         note = f"max_steps_per_turn ({max_steps}) reached without a final answer"
         self.record("error", error=note)
         self.session.set_status("idle", stop_reason="max_steps", error=note)
         return "max_steps"
+
+    def stopped(self) -> str:
+        self.session.set_status("stopped", stop_reason="stopped")
+        return "stopped"
 
     def finish(self, answer: str, status: str) -> str:
         self.session.write_result(answer)

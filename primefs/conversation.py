@@ -21,6 +21,8 @@ def to_messages(event: dict, tool_mode: str) -> list[dict]:
     if t == "task":
         return [{"role": "user", "content": event["text"]}]
     if t == "message":
+        if event.get("read_by"):  # read by code (inbox/recv/wait), not shown as a prompt
+            return []
         return [{"role": "user", "content": message_text(event["from"], event["kind"], event["text"])}]
     if t == "notice":  # the harness speaking to the model (e.g. after a restart)
         return [{"role": "user", "content": f"[primefs] {event['text']}"}]

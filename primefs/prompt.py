@@ -20,12 +20,29 @@ HOW_FENCED = ("Run code by writing it in a fenced block that starts with ```pyth
 KERNEL_API = """## Kernel API (already defined in your kernel)
 - `context`: your input data ({context_desc}).
 - `llm(prompt, model=None) -> str`: one plain model call (no tools, no kernel), e.g. to read or \
-classify a chunk of `context`.
+classify a chunk of `context`. `llm_batch(prompts, model=None) -> list[str]`: many, in parallel.
+- `rlm(task, name=None, model=None, context=None) -> Handle`: start a child agent with its own kernel \
+on a sub-task; `context` (str or JSON data) becomes its `context`. Returns at once. `h.wait(timeout=None)` \
+returns its answer (raises `ChildFailed` if it failed); `wait_all(handles)`; `h.status`, `h.result`, \
+`h.send(text)` (a finished child takes a new turn). Split big inputs into chunks and fan out.
+- `send(to, text)`: mail "parent", "children", "all", a child's name or a session id. `inbox()` returns \
+unread messages; `recv(timeout=None)` waits for one. Mail that arrives while you work is shown to you.
 - `done(answer)`: record `answer` as your final result and end the turn after this cell."""
 
 
-def describe_context(root: Path, paths: list[str]) -> str:
+def describe_context(root: Path, paths: list[str], data: str | None = None) -> str:
     """Size and type only; the content never goes into a prompt."""
+    if data:  # a parent's value: text, or JSON data
+        p = root / data
+        n = p.stat().st_size if p.exists() else 0
+        if p.suffix == ".json":
+            import json
+
+            value = json.loads(p.read_text(encoding="utf-8")) if n else None
+            kind = type(value).__name__
+            size = f" of {len(value):,} items" if isinstance(value, (list, dict)) else ""
+            return f"{kind}{size} ({n:,} characters as JSON), passed by your parent"
+        return f"str of about {n:,} characters (~{n // 4:,} tokens), passed by your parent"
     if not paths:
         return "None: this task has no input data"
     sizes = []
@@ -44,7 +61,8 @@ def describe_context(root: Path, paths: list[str]) -> str:
             f"{listing}{more}")
 
 
-def system_prompt(*, root: Path, tool_mode: str, limits: dict, context_paths: list[str]) -> str:
+def system_prompt(*, root: Path, tool_mode: str, limits: dict, context_paths: list[str],
+                  context_data: str | None = None, role: str | None = None) -> str:
     parts = [BASE.format(how_to_run=HOW_NATIVE if tool_mode == "native" else HOW_FENCED,
                          output_chars=limits["output_chars"], cell_timeout_s=limits["cell_timeout_s"])]
     agents = root / "AGENTS.md"
@@ -52,5 +70,7 @@ def system_prompt(*, root: Path, tool_mode: str, limits: dict, context_paths: li
         text = agents.read_text(encoding="utf-8", errors="replace").strip()
         if text:
             parts.append(text)
-    parts.append(KERNEL_API.format(context_desc=describe_context(root, context_paths)))
+    if role:
+        parts.append(f"## Your role\n{role.strip()}")
+    parts.append(KERNEL_API.format(context_desc=describe_context(root, context_paths, context_data)))
     return "\n\n".join(parts)

@@ -18,7 +18,9 @@ Handler = Callable[[str, str, dict], object]  # (token, op, args) -> JSON-able r
 
 
 class RpcError(Exception):
-    pass
+    def __init__(self, message: str, kind: str = ""):
+        super().__init__(message)
+        self.kind = kind  # the runner-side exception type name
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -80,5 +82,5 @@ def call(path: str, token: str, op: str, args: dict | None = None, timeout: floa
             buf += chunk
     reply = json.loads(buf)
     if not reply["ok"]:
-        raise RpcError(reply["error"])
+        raise RpcError(reply["error"], reply.get("type", ""))
     return reply["result"]

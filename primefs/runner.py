@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from . import mail
@@ -18,13 +19,16 @@ from .errors import PrimefsError
 from .gitops import Committer
 from .goals import goal_files, parse_goal
 from .kernel import Kernel
+from .kernelpool import KernelPool
 from .plugins import plugin_manager, provider_for, providers
 from .providers.base import ModelError, ModelReply
 from .rpc import RpcServer
+from .services import FINISHED, KernelServices
 from .session import Session, create_session, list_sessions
 from .workspace import Workspace
 
 RESCAN_S = 5.0
+STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and removes it
 
 
 class RunnerLock:
@@ -52,18 +56,25 @@ class Runner:
     def __init__(self, ws: Workspace, log=None):
         self.ws = ws
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.limits = ws.limits()
         self.pm = plugin_manager(ws.root)
         self.providers = providers(self.pm)
+        self.services = KernelServices(self)
         self.agents: dict[str, Agent] = {}
         self.by_token: dict[str, Agent] = {}
+        self.parents: dict[str, str | None] = {}     # the family tree, from session.yaml `parent`
+        self.children: dict[str, list[str]] = {}
         self.work: set[str] = set()       # sessions with input waiting for a turn
         self.active: set[str] = set()     # sessions whose turn runs now
+        self.waiting: set[str] = set()    # active sessions blocked in wait(): their slot is free
+        self.idle_kernels: OrderedDict[str, None] = OrderedDict()  # idle sessions holding a kernel, oldest first
         self.claimed_goals: set[str] = set()
         self.reported_goals: dict[str, float] = {}
         self.cond = threading.Condition()
         self.stopping = False
         self.lock: RunnerLock | None = None
         self.rpc: RpcServer | None = None
+        self.pool: KernelPool | None = None
         self.committer: Committer | None = None
         self.threads: list[threading.Thread] = []
 
@@ -73,30 +84,29 @@ class Runner:
         observer = None
         try:
             self.committer = Committer(self.ws.root)
-            self.rpc = RpcServer(self.ws.runtime / "rpc.sock", self.handle_rpc)
+            self.rpc = RpcServer(self.ws.runtime / "rpc.sock", self.services.handle)
+            self.pool = KernelPool(self.ws.runtime / "kernels", self.ws.root, int(self.limits["kernel_pool"]))
             self.recover()
+            self.scan()
             if not once:
                 observer = self._watch()
-            last_scan = 0.0
+            last_scan = time.monotonic()
             while True:
-                now = time.monotonic()
-                if now - last_scan > (0 if once else RESCAN_S):
-                    self.scan()
-                    last_scan = now
+                if not once and time.monotonic() - last_scan > RESCAN_S:
+                    self.scan()  # watchdog events are hints; the listing is the truth
+                    last_scan = time.monotonic()
                 with self.cond:
                     self._dispatch()
-                    if self.stopping or (once and not self.work and not self.active):
-                        if once and not self.stopping:
-                            # one last look: a turn may have produced new goals or mail
-                            self.cond.release()
-                            try:
-                                self.scan()
-                            finally:
-                                self.cond.acquire()
-                            if self.work:
-                                continue
+                    done = once and not self.work and not self.active
+                    if self.stopping:
                         break
-                    self.cond.wait(0.5 if once else 1.0)
+                    if not done:
+                        self.cond.wait(1.0)
+                        continue
+                self.scan()  # one last look: files may have come from outside meanwhile
+                with self.cond:
+                    if not self.work and not self.active:
+                        break
         except KeyboardInterrupt:
             self.log("stopping: sessions that were running resume when a runner starts again")
         finally:
@@ -112,6 +122,8 @@ class Runner:
             self.cond.notify_all()
 
     def _shutdown(self) -> None:
+        with self.cond:
+            self.cond.notify_all()  # release waiters in wait()/recv()
         for agent in list(self.agents.values()):
             if agent.kernel is not None:
                 agent.kernel.interrupt()
@@ -119,6 +131,8 @@ class Runner:
             t.join(10)
         for agent in list(self.agents.values()):
             agent.shutdown()
+        if self.pool:
+            self.pool.close()
         if self.committer:
             self.committer.close()
             for err in self.committer.errors:
@@ -147,7 +161,7 @@ class Runner:
         return observer
 
     def hint(self, path: Path) -> None:
-        """A watchdog event: look at that goal or mailbox now (the listing decides, not the event)."""
+        """A watchdog event: look at that goal, mailbox or stop request now (the listing decides)."""
         try:
             rel = path.relative_to(self.ws.root).parts
         except ValueError:
@@ -156,27 +170,36 @@ class Runner:
             self.scan_goals()
         elif len(rel) >= 4 and rel[0] == "sessions" and rel[2:4] == ("mail", "new"):
             self.check_mail(rel[1])
+        elif len(rel) == 3 and rel[0] == "sessions" and rel[2] == STOP_FILE:
+            self.apply_stop(rel[1])
 
     # -- finding work -----------------------------------------------------------------------------
     def recover(self) -> None:
-        """Start-up: which goals are taken, which sessions were cut off, which mail waits."""
+        """Start-up: the family tree, which goals are taken, which sessions were cut off, which mail waits."""
         for s in list_sessions(self.ws.sessions):
             try:
                 meta = s.meta
             except PrimefsError as exc:
                 self.log(f"warning: {exc}")
                 continue
+            self._link(s.id, meta.get("parent"))
             if meta.get("goal"):
                 self.claimed_goals.add(meta["goal"])
-            if meta.get("status") in ("pending", "running"):
+            if meta.get("status") in ("pending", "running") or mail.unacked(s.mail):
                 self.work.add(s.id)
-            elif mail.new_files(s.mail) or mail.unacked(s.mail):
-                self.work.add(s.id)
+
+    def _link(self, sid: str, parent: str | None) -> None:
+        self.parents[sid] = parent
+        self.children.setdefault(sid, [])
+        if parent:
+            self.children.setdefault(parent, []).append(sid)
 
     def scan(self) -> None:
         self.scan_goals()
         for s in list_sessions(self.ws.sessions):
-            if mail.new_files(s.mail):
+            if (s.dir / STOP_FILE).exists():
+                self.apply_stop(s.id)
+            elif mail.new_files(s.mail):
                 self.check_mail(s.id)
 
     def scan_goals(self) -> None:
@@ -198,38 +221,54 @@ class Runner:
                                          extra={"limits": goal.limits} if goal.limits else None)
                 self.claimed_goals.add(rel)
                 self.log(f"goal {rel} -> session {session.id} ({goal.name}, model {goal.model})")
-                self.work.add(session.id)
-                self.cond.notify_all()
+                self.adopt(session)
+
+    def adopt(self, session: Session) -> None:
+        """A new session (from a goal or rlm()): link it into the tree and queue its first turn."""
+        with self.cond:
+            self._link(session.id, session.meta.get("parent"))
+            self.work.add(session.id)
+            self.cond.notify_all()
 
     def check_mail(self, sid: str) -> None:
         with self.cond:
             if sid not in self.active and (self.ws.sessions / sid / "session.yaml").exists():
-                s = self.agents[sid].session if sid in self.agents else Session(self.ws.sessions / sid)
+                s = self.session(sid)
                 if s.reload().get("status") != "stopped" and mail.new_files(s.mail):
                     self.work.add(sid)
-                    self.cond.notify_all()
+            self.cond.notify_all()  # also wakes recv() waiting in this session
 
     def _dispatch(self) -> None:
-        """Start turns for sessions with work, up to max_concurrent_sessions at once (cond held)."""
-        cap = int(self.ws.limits()["max_concurrent_sessions"])
+        """Start turns for sessions with work, up to max_concurrent_sessions at once (cond held).
+
+        Sessions blocked in wait() do not count: a parent waiting for its children must not
+        hold the slot its children need.
+        """
+        cap = int(self.limits["max_concurrent_sessions"])
         for sid in sorted(self.work - self.active):
-            if len(self.active) >= cap or self.stopping:
+            if len(self.active - self.waiting) >= cap or self.stopping:
                 break
             self.work.discard(sid)
             self.active.add(sid)
+            self.idle_kernels.pop(sid, None)
             t = threading.Thread(target=self._session_worker, args=(sid,), name=f"session-{sid}", daemon=True)
             self.threads = [x for x in self.threads if x.is_alive()] + [t]
             t.start()
 
     # -- turns ------------------------------------------------------------------------------------
+    def session(self, sid: str) -> Session:
+        return self.agents[sid].session if sid in self.agents else Session(self.ws.sessions / sid)
+
     def agent(self, sid: str) -> Agent:
-        if sid not in self.agents:
-            agent = Agent(self, Session(self.ws.sessions / sid))
-            self.agents[sid] = agent
-            self.by_token[agent.token] = agent
-        return self.agents[sid]
+        with self.cond:
+            if sid not in self.agents:
+                agent = Agent(self, Session(self.ws.sessions / sid))
+                self.agents[sid] = agent
+                self.by_token[agent.token] = agent
+            return self.agents[sid]
 
     def _session_worker(self, sid: str) -> None:
+        agent = None
         try:
             agent = self.agent(sid)
             while not self.stopping:
@@ -242,12 +281,16 @@ class Runner:
                 s = Session(self.ws.sessions / sid)
                 s.history.append("error", error=f"{type(exc).__name__}: {exc}")
                 s.set_status("failed", error=f"{type(exc).__name__}: {exc}", stop_reason="error")
+                self._report_to_parent(s, None)
             except Exception:
                 pass
         finally:
+            if agent is not None and not self.stopping:
+                self._park_kernel(agent)
             with self.cond:
                 self.active.discard(sid)
-                if not self.stopping and mail.new_files(self.ws.sessions / sid / "mail"):
+                if not self.stopping and mail.new_files(self.ws.sessions / sid / "mail") \
+                        and self.session(sid).status != "stopped":
                     self.work.add(sid)
                 self.cond.notify_all()
 
@@ -256,10 +299,9 @@ class Runner:
         s = agent.session
         status = s.reload().get("status")
         agent.ensure_conversation()
-        events = s.events()
-        if status == "stopped":
+        if status == "stopped" or agent.stop_requested:
             return False
-        if not any(e["type"] == "task" for e in events):
+        if agent.turns == 0 and not s.events("task"):
             agent.record("task", text=s.task)
             return True
         if status == "running":  # the previous runner stopped mid-turn
@@ -267,11 +309,14 @@ class Runner:
                                         "interrupted and your kernel variables are gone (`context` is loaded "
                                         "again). Rebuild what you need and continue.")
             return True
+        if status == "pending":  # its task is recorded but its first turn never started
+            return True
         return self.take_mail(agent) > 0
 
     def _turn(self, agent: Agent) -> None:
         s = agent.session
-        turn = sum(1 for e in s.events("turn_start")) + 1
+        agent.turns += 1
+        turn = agent.turns
         s.set_status("running", stop_reason=None)
         agent.record("turn_start", turn=turn)
         self.log(f"{s.id} ({s.name}): turn {turn} started")
@@ -279,6 +324,7 @@ class Runner:
         outcome = agent.run_turn()
         agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=round(time.monotonic() - started, 4))
         self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
+        self._report_to_parent(s, turn)
         paths = [f"sessions/{s.id}"]
         goal = s.meta.get("goal")
         if goal and (self.ws.root / goal).exists():
@@ -286,12 +332,58 @@ class Runner:
         for p in paths:
             self.committer.request(p, f"session {s.id} ({s.name}): turn {turn} {outcome}")
 
-    def take_mail(self, agent: Agent) -> int:
-        """Claim the session's new (and crash-orphaned) mail and show it to the model. Returns how many."""
+    def _report_to_parent(self, s: Session, turn: int | None) -> None:
+        """A child's turn ended: its result (or error) goes to the parent's mail as `kind: result`."""
+        parent = s.meta.get("parent")
+        if not parent:
+            return
+        result = s.read_result() if s.status in ("idle", "done") else None
+        text = result if result is not None else f"(no result: {s.meta.get('error') or s.meta.get('stop_reason')})"
+        self.deliver(parent, sender=s.id, kind="result", text=text,
+                     extra={"child": s.id, "name": s.name, "status": s.status, "turn": turn})
+
+    def _park_kernel(self, agent: Agent) -> None:
+        """Keep an idle session's kernel for its next turn, within limits.max_idle_kernels (oldest go first)."""
+        if agent.kernel is None:
+            return
+        if agent.session.status == "stopped":
+            self.pool.give_back(agent.release_kernel())
+            return
+        with self.cond:
+            self.idle_kernels[agent.session.id] = None
+            self.idle_kernels.move_to_end(agent.session.id)
+            evict = []
+            while len(self.idle_kernels) > int(self.limits["max_idle_kernels"]):
+                sid, _ = self.idle_kernels.popitem(last=False)
+                evict.append(self.agents[sid])
+        for a in evict:
+            kernel = a.release_kernel()
+            if kernel is not None:
+                self.pool.give_back(kernel)
+
+    # -- mail -------------------------------------------------------------------------------------
+    def deliver(self, sid: str, *, sender: str, kind: str, text: str, extra: dict | None = None) -> mail.Message:
+        msg = mail.deliver(self.ws.sessions / sid / "mail", sender=sender, to=sid, kind=kind, text=text, extra=extra)
+        self.check_mail(sid)
+        return msg
+
+    def _claim_all(self, agent: Agent, only=None, limit: int | None = None) -> list[tuple[mail.Message, Path]]:
+        """Claim the session's unread mail (new, and claimed-but-unacknowledged after a crash).
+
+        Bad files go to mail/bad/. A message already in history is only acknowledged again: a
+        message never starts two turns. `only(msg)` leaves other messages where they are.
+        """
         s = agent.session
-        seen = {e.get("id") for e in s.events("message")}
-        count = 0
+        out = []
         for path in mail.unacked(s.mail) + mail.new_files(s.mail):
+            if limit is not None and len(out) >= limit:
+                break
+            if only is not None:
+                try:
+                    if not only(mail.parse(path, to=s.id)):
+                        continue
+                except mail.BadMessage:
+                    continue
             claimed = path if path.parent.name == "cur" else mail.claim(path)
             if claimed is None:
                 continue
@@ -302,24 +394,132 @@ class Runner:
                 agent.record("bad_mail", file=claimed.name, error=str(exc))
                 self.log(f"warning: {s.id}: bad message moved to mail/bad/: {exc}")
                 continue
-            if msg.id not in seen:  # a message never starts two turns
-                agent.record("message", id=msg.id, **{"from": msg.sender}, kind=msg.kind, text=msg.text)
-                seen.add(msg.id)
-                count += 1
-            mail.ack(claimed)
-        return count
+            if msg.id in agent.seen_ids:
+                mail.ack(claimed)
+                continue
+            out.append((msg, claimed))
+        return out
+
+    def _record_message(self, agent: Agent, msg: mail.Message, claimed: Path, read_by: str | None) -> None:
+        fields = {"read_by": read_by} if read_by else {}
+        agent.record("message", id=msg.id, **{"from": msg.sender}, kind=msg.kind, text=msg.text, **fields)
+        mail.ack(claimed)
+
+    def take_mail(self, agent: Agent) -> int:
+        """Show the session's unread mail to the model (as user messages). Returns how many."""
+        got = self._claim_all(agent)
+        for msg, claimed in got:
+            self._record_message(agent, msg, claimed, None)
+        return len(got)
+
+    def read_mail(self, agent: Agent, limit: int | None = None) -> list[mail.Message]:
+        """inbox()/recv(): unread messages handed to code; recorded, not shown as prompts."""
+        got = self._claim_all(agent, limit=limit)
+        for msg, claimed in got:
+            self._record_message(agent, msg, claimed, "code")
+        return [m for m, _ in got]
+
+    def consume_results(self, agent: Agent, child: str) -> None:
+        """wait() returned a child's result: its `kind: result` mail is read, not a reason for a new turn."""
+        for msg, claimed in self._claim_all(agent, only=lambda m: m.kind == "result" and m.sender == child):
+            self._record_message(agent, msg, claimed, "wait")
+
+    def wait_mail(self, sid: str, timeout: float) -> None:
+        with self.cond:
+            if not self.stopping:
+                self.cond.wait(timeout)
+
+    def resolve_targets(self, sender: Session, to: str) -> list[str]:
+        sid = sender.id
+        with self.cond:
+            if to == "parent":
+                if not self.parents.get(sid):
+                    raise LookupError("this session has no parent")
+                return [self.parents[sid]]
+            if to == "children":
+                kids = list(self.children.get(sid, []))
+                if not kids:
+                    raise LookupError("this session has no children")
+                return kids
+            if to == "all":
+                root = sid
+                while self.parents.get(root):
+                    root = self.parents[root]
+                tree, stack = [], [root]
+                while stack:
+                    x = stack.pop()
+                    tree.append(x)
+                    stack.extend(self.children.get(x, []))
+                return [x for x in tree if x != sid]
+            named = [c for c in self.children.get(sid, []) if self.session(c).name == to]
+            if named:
+                return named[-1:]
+            if to in self.parents:
+                return [to]
+        raise LookupError(f"unknown recipient {to!r}: use a session id, a child's name, "
+                          "'parent', 'children' or 'all'")
+
+    def wait_idle(self, agent: Agent, child: str, timeout: float | None) -> bool:
+        """Block until the child has no turn running or queued and no unread mail. Frees the caller's slot."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        me = agent.session.id
+        with self.cond:
+            self.waiting.add(me)
+            self.cond.notify_all()
+            try:
+                while True:
+                    if self._settled(child):
+                        return True
+                    if self.stopping or agent.stop_requested:
+                        raise RuntimeError("wait() interrupted: the session or the runner is stopping")
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self.cond.wait(1.0 if left is None else min(1.0, left))
+            finally:
+                self.waiting.discard(me)
+
+    def _settled(self, sid: str) -> bool:
+        if sid in self.active or sid in self.work:
+            return False
+        s = self.session(sid)
+        status = s.reload().get("status")
+        if status == "stopped":
+            return True
+        return status in FINISHED and not mail.new_files(s.mail)
+
+    # -- stopping sessions ------------------------------------------------------------------------
+    def apply_stop(self, sid: str) -> None:
+        """A stop request file (from `primefs stop`): stop the session now, or at its next step."""
+        flag = self.ws.sessions / sid / STOP_FILE
+        with self.cond:
+            s = self.session(sid)
+            if sid in self.active:
+                agent = self.agents[sid]
+                agent.stop_requested = True
+                if agent.kernel is not None:
+                    agent.kernel.interrupt()
+            else:
+                self.work.discard(sid)
+                if s.reload().get("status") != "stopped":
+                    s.set_status("stopped", stop_reason="stopped")
+                    self._report_to_parent(s, None)
+            try:
+                flag.unlink()
+            except FileNotFoundError:
+                pass
+            self.cond.notify_all()
 
     # -- kernels and model calls ------------------------------------------------------------------
-    def new_kernel(self, agent: Agent) -> Kernel:
-        kernel = Kernel(self.ws.runtime / "kernels", agent.session.id, self.ws.root)
-        ctx = list(agent.session.meta.get("context") or [])
-        kernel.bootstrap = (
+    def kernel_for(self, agent: Agent) -> Kernel:
+        meta = agent.session.meta
+        ctx = list(meta.get("context") or [])
+        bootstrap = (
             "import primefs.kernel_api as _primefs\n"
             f"_primefs.setup(get_ipython().user_ns, {str(self.rpc.path)!r}, {agent.token!r}, "
-            f"{agent.session.id!r}, {ctx!r})\n"
+            f"{agent.session.id!r}, {ctx!r}, {meta.get('context_data')!r})\n"
             "del _primefs")
-        kernel.start()
-        return kernel
+        return self.pool.take(bootstrap)
 
     def complete(self, agent: Agent, messages: list[dict], tools, *, purpose: str,
                  settings: dict | None = None) -> ModelReply:
@@ -349,19 +549,3 @@ class Runner:
                 latency_s=round(time.monotonic() - started, 4))
             return reply
         raise AssertionError("unreachable")
-
-    # -- requests from kernels --------------------------------------------------------------------
-    def handle_rpc(self, token: str, op: str, args: dict):
-        agent = self.by_token.get(token)
-        if agent is None:
-            raise PermissionError("unknown kernel token")
-        if op == "done":
-            agent.done_answer = str(args.get("answer", ""))
-            return True
-        if op == "llm":
-            model = args.get("model")
-            settings = self.ws.resolve_model(model) if model else agent.settings
-            reply = self.complete(agent, [{"role": "user", "content": str(args.get("prompt", ""))}], None,
-                                  purpose="llm", settings=settings)
-            return reply.text
-        raise ValueError(f"unknown request {op!r}")

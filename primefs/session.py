@@ -98,7 +98,7 @@ class Session:
 
 def create_session(sessions_dir: Path, *, task: str, name: str | None, model: str, parent: str | None = None,
                    depth: int = 0, goal: str | None = None, context: list[str] | None = None,
-                   extra: dict | None = None) -> Session:
+                   extra: dict | None = None, files: dict[str, str] | None = None) -> Session:
     """session.yaml is written last and atomically: a folder without it is an unfinished (ignored) session.
 
     (Not a temp folder renamed into place: recursive inotify watches would keep the old name.)
@@ -118,6 +118,9 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
     meta = {"id": sid, "name": name or sid, "parent": parent, "depth": depth, "status": "pending",
             "model": model, "goal": goal, "context": list(context or []), "created": now, "updated": now}
     meta.update(extra or {})
+    for fname, text in (files or {}).items():  # a parent's context value: data as files, never prompt text
+        (final / fname).write_text(text, encoding="utf-8")
+        meta["context_data"] = f"{sessions_dir.name}/{sid}/{fname}"
     (final / "task.md").write_text(task, encoding="utf-8")
     (final / "history.jsonl").touch()
     write_atomic(final / "session.yaml", dump_yaml(meta))

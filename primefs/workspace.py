@@ -26,6 +26,9 @@ DEFAULT_LIMITS = {
     "model_retry_backoff_s": 1.0,
     "max_depth": 3,
     "max_concurrent_sessions": 4,
+    "max_idle_kernels": 8,
+    "kernel_pool": 2,
+    "llm_batch_concurrency": 8,
 }
 TOOL_MODES = ("native", "fenced")
 

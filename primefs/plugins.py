@@ -1,0 +1,67 @@
+"""The plugin manager: built-ins, installed plugins (entry-point group `primefs`), workspace plugins/*.py.
+
+Set PRIMEFS_LOAD_PLUGINS=0 to load only the built-ins (tests, or to rule out a broken plugin).
+A workspace plugin that fails to import is reported and skipped, never fatal.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pluggy
+
+from . import hookimpl, hookspecs
+
+
+class BuiltinProviders:
+    @hookimpl
+    def register_providers(self, register):
+        from .providers.litellm_provider import LiteLLMProvider
+        from .providers.local import LocalProvider
+        from .providers.scripted import ScriptedProvider
+
+        # Order matters: the first provider that matches a model id serves it; litellm takes any id.
+        register(ScriptedProvider())
+        register(LocalProvider())
+        register(LiteLLMProvider())
+
+
+def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("primefs")
+    pm.add_hookspecs(hookspecs)
+    pm.register(BuiltinProviders(), name="primefs.builtin")
+    if os.environ.get("PRIMEFS_LOAD_PLUGINS", "1") != "0":
+        pm.load_setuptools_entrypoints("primefs")
+        if workspace_root is not None:
+            for path in sorted((Path(workspace_root) / "plugins").glob("*.py")):
+                _load_file(pm, path)
+    return pm
+
+
+def _load_file(pm: pluggy.PluginManager, path: Path) -> None:
+    name = f"primefs_workspace_plugin_{path.stem}"
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        pm.register(module, name=f"workspace:{path.name}")
+    except Exception as exc:
+        warnings.warn(f"plugin {path} not loaded: {type(exc).__name__}: {exc}", stacklevel=2)
+
+
+def providers(pm: pluggy.PluginManager) -> list:
+    """Plugin providers first (pluggy calls later registrations first), built-ins last."""
+    found: list = []
+    pm.hook.register_providers(register=found.append)
+    return found
+
+
+def provider_for(found: list, model_id: str):
+    for p in found:
+        if p.matches(model_id):
+            return p
+    raise LookupError(f"no provider for model {model_id!r}")

