@@ -43,6 +43,7 @@ class Agent:
         self.limits = runner.ws.limits(meta.get("limits") or {})
         self.kernel: Kernel | None = None
         self.kernel_lost = False  # its kernel was taken back while idle: tell the model next turn
+        self.kernel_via = ""  # where its kernel came from: pool, reclaimed or new (for measurements)
         self.messages: list[dict] | None = None
         self.seen_ids: set[str] = set()  # ids of messages already in history: none is shown twice
         self.turns = 0
@@ -73,7 +74,7 @@ class Agent:
             self.kernel.shutdown()
         self.kernel = self.runner.kernel_for(self)
         self.kernel_lost = False
-        self.record("kernel", event="restarted" if lost else "started")
+        self.record("kernel", event="restarted" if lost else "started", via=self.kernel_via)
         if lost:
             self.record("notice", text="Your kernel was restarted since your last turn: variables you made are "
                                        "gone (`context` and the kernel API are defined again).")

@@ -210,15 +210,19 @@ def log(ctx, session, as_json):
         for e in events:
             click.echo(json.dumps(e, ensure_ascii=False))
         return
-    print_events(Console(highlight=False), s, events)
+    from .session import list_sessions
+
+    names = {x.id: x.name for x in list_sessions(ws.sessions)}
+    print_events(Console(highlight=False), s, events, names)
 
 
 @main.command()
 @click.argument("session")
 @click.option("--json", "as_json", is_flag=True, help='Print {"session", "own", "tree"}.')
+@click.option("--tree", "as_tree", is_flag=True, help="Print every descendant with its own and total figures.")
 @ws_option
 @click.pass_context
-def usage(ctx, session, as_json):
+def usage(ctx, session, as_json, as_tree):
     """Tokens, calls, cost and time of a session, and of it with all its descendants."""
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
@@ -226,6 +230,9 @@ def usage(ctx, session, as_json):
     data = {"session": s.id, "own": index.own[s.id], "tree": index.tree(s.id)}
     if as_json:
         click.echo(json.dumps(data, indent=2))
+        return
+    if as_tree:
+        _usage_tree(index, s.id)
         return
     table = Table(box=None, header_style="bold")
     table.add_column("")
@@ -239,6 +246,62 @@ def usage(ctx, session, as_json):
     if data["tree"]["cost_unknown_calls"]:
         err.print(f"note: {data['tree']['cost_unknown_calls']} call(s) had no known price; counted as $0",
                   highlight=False)
+
+
+def _usage_tree(index: UsageIndex, root: str) -> None:
+    from rich.tree import Tree
+
+    def label(sid: str) -> str:
+        o, t = index.own[sid], index.tree(sid)
+        name = index.sessions[sid].meta.get("name")
+        return (f"[bold]{sid}[/bold] {name} - own: {o['calls']} calls, {o['input_tokens'] + o['output_tokens']:,} "
+                f"tokens, ${o['cost_usd']:.4f} | total: {t['calls']} calls, "
+                f"{t['input_tokens'] + t['output_tokens']:,} tokens, ${t['cost_usd']:.4f}")
+
+    top = Tree(label(root))
+    stack = [(root, top)]
+    while stack:
+        sid, node = stack.pop()
+        for child in sorted(index.children.get(sid, [])):
+            stack.append((child, node.add(label(child))))
+    Console(highlight=False).print(top)
+
+
+@main.command()
+@click.argument("session")
+@click.argument("text")
+@ws_option
+@click.pass_context
+def send(ctx, session, text):
+    """Mail TEXT to SESSION (id or name) as `kind: user`; an idle or finished session takes a new turn.
+
+    TEXT '-' reads standard input.
+    """
+    from .mail import deliver
+
+    ws = workspace(ctx)
+    s = find_session(ws.sessions, session)
+    if text == "-":
+        text = sys.stdin.read()
+    if not text.strip():
+        raise PrimefsError("the message is empty")
+    msg = deliver(s.mail, sender="user", to=s.id, kind="user", text=text)
+    click.echo(f"delivered {msg.id} to {s.id} ({s.name})")
+
+
+@main.command()
+@click.argument("session")
+@click.option("--tree", is_flag=True, help="Also stop every descendant.")
+@ws_option
+@click.pass_context
+def stop(ctx, session, tree):
+    """Stop SESSION (id or name): its running cell is interrupted and it takes no more turns."""
+    from .control import request_stop
+
+    ws = workspace(ctx)
+    s = find_session(ws.sessions, session)
+    for sid, how in request_stop(ws, s.id, tree=tree):
+        click.echo(f"{sid}: {how}")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ def _yaml_error(path: Path | str, exc: YAMLError, line_offset: int) -> FrontMatt
     return FrontMatterError(f"{where}: bad YAML front matter: {problem}")
 
 
-def split(text: str, path: Path | str = "<text>") -> tuple[dict, str]:
-    """Return (front matter mapping, body). No front matter: ({}, text)."""
+def split(text: str, path: Path | str = "<text>", safe: bool = False) -> tuple[dict, str]:
+    """Return (front matter mapping, body). No front matter: ({}, text).
+
+    `safe`: plain dicts, about twice as fast; for machine-written files nobody edits in place."""
     if not text.startswith("---"):
         return {}, text
     lines = text.split("\n")
@@ -42,7 +44,7 @@ def split(text: str, path: Path | str = "<text>") -> tuple[dict, str]:
             raw = "\n".join(lines[1:i])
             body = "\n".join(lines[i + 1:])
             try:
-                data = yaml_rt().load(raw) if raw.strip() else {}
+                data = (YAML(typ="safe") if safe else yaml_rt()).load(raw) if raw.strip() else {}
             except YAMLError as exc:
                 raise _yaml_error(path, exc, line_offset=1) from None
             if data is None:
@@ -53,14 +55,14 @@ def split(text: str, path: Path | str = "<text>") -> tuple[dict, str]:
     raise FrontMatterError(f"{path}:1: front matter starts with '---' but has no closing '---'")
 
 
-def read(path: Path, label: str | None = None) -> tuple[dict, str]:
+def read(path: Path, label: str | None = None, safe: bool = False) -> tuple[dict, str]:
     """`label` names the file in error messages (e.g. a workspace-relative path)."""
     label = label or str(path)
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PrimefsError(f"{label}: not UTF-8 text (byte {exc.start})") from None
-    return split(text, label)
+    return split(text, label, safe)
 
 
 def dump(meta: dict[str, Any], body: str) -> str:
@@ -71,16 +73,23 @@ def dump(meta: dict[str, Any], body: str) -> str:
     return f"---\n{buf.getvalue()}---\n{body}"
 
 
-def load_yaml(path: Path) -> Any:
+def load_yaml(path: Path, safe: bool = False) -> Any:
     try:
-        return yaml_rt().load(Path(path).read_text(encoding="utf-8"))
+        return (YAML(typ="safe") if safe else yaml_rt()).load(Path(path).read_text(encoding="utf-8"))
     except YAMLError as exc:
         raise _yaml_error(path, exc, line_offset=0) from None
     except UnicodeDecodeError:
         raise PrimefsError(f"{path}: not UTF-8 text") from None
 
 
-def dump_yaml(data: Any) -> str:
+def dump_yaml(data: Any, safe: bool = False) -> str:
     buf = io.StringIO()
-    yaml_rt().dump(data, buf)
+    if safe:
+        y = YAML(typ="safe")
+        y.default_flow_style = False
+        y.sort_base_mapping_type_on_output = False
+        y.width = 4096
+        y.dump(data, buf)
+    else:
+        yaml_rt().dump(data, buf)
     return buf.getvalue()

@@ -56,6 +56,7 @@ class Kernel:
         self.km: KernelManager | None = None
         self.kc = None
         self.bootstrap: str | None = None  # code run after every (re)start
+        self.cancelled = False  # set from another thread to abandon a start in progress
 
     def start(self) -> None:
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
@@ -78,6 +79,8 @@ class Kernel:
         # Re-send kernel_info until a reply comes: faster than wait_for_ready's iopub handshake.
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.cancelled:
+                raise RuntimeError("kernel start cancelled")
             msg_id = self.kc.kernel_info()
             try:
                 while True:

@@ -1,15 +1,19 @@
-"""Pre-started, connected kernels, so a new session's first cell does not pay a kernel start.
+"""Kernels for sessions: pre-started spares, reuse of idle sessions' kernels, bounded starts.
 
-A kernel costs ~0.35 CPU-s and ~0.25-1 s to start, but a warm one answers in ~5 ms. The pool
-keeps `size` spare kernels started in the background, and takes back kernels of sessions that
-no longer need theirs: such a kernel is reset (namespace cleared, working directory restored)
-before another session uses it.
+A kernel costs ~0.35 CPU-s and ~0.25-1 s to start, but a warm one answers in ~5 ms, so:
+- the pool keeps `size` spare kernels, started in the background;
+- a session that needs a kernel takes a spare, else reuses the kernel of the longest-idle
+  session (reset: namespace cleared, working directory restored), else starts one, but never
+  more than one start per CPU at once (parallel starts on 2 cores only slow each other down);
+  otherwise it waits for whichever of these comes first.
 """
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 from .kernel import Kernel
 
@@ -18,55 +22,89 @@ RESET = ("get_ipython().reset(new_session=False)\n"
 
 
 class KernelPool:
-    def __init__(self, runtime_dir: Path, cwd: Path, size: int):
+    def __init__(self, runtime_dir: Path, cwd: Path, size: int, max_starts: int | None = None):
         self.runtime_dir, self.cwd, self.size = Path(runtime_dir), Path(cwd), max(0, int(size))
+        self.max_starts = max_starts or os.cpu_count() or 2
         self._ready: list[Kernel] = []
-        self._lock = threading.Lock()
-        self._wanted = threading.Event()
+        self._launching: set[Kernel] = set()  # kernels being started now (killed if the pool closes)
+        self._starting = 0
+        self._cond = threading.Condition()
         self._closed = False
         self._names = itertools.count(1)
         self.started = 0  # kernels started by this pool (for measurements)
         self._thread = threading.Thread(target=self._fill, name="primefs-kernel-pool", daemon=True)
         if self.size:
-            self._wanted.set()
             self._thread.start()
 
-    def _new(self) -> Kernel:
+    def notify(self) -> None:
+        """Something changed (e.g. a session went idle with a kernel): waiting takers look again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _start_one(self) -> Kernel | None:
+        """Start a kernel, counted in _starting (the caller reserved the slot)."""
         k = Kernel(self.runtime_dir, f"k{next(self._names)}", self.cwd)
-        k.start()
-        with self._lock:
+        with self._cond:
+            self._launching.add(k)
+        try:
+            k.start()
             self.started += 1
-        return k
+            return k
+        except BaseException:
+            k.shutdown()
+            raise
+        finally:
+            with self._cond:
+                self._launching.discard(k)
+                self._starting -= 1
+                self._cond.notify_all()
 
     def _fill(self) -> None:
-        while not self._closed:
-            self._wanted.wait()
-            with self._lock:
-                missing = self.size - len(self._ready)
-                if missing <= 0 or self._closed:
-                    self._wanted.clear()
-                    continue
-            try:
-                k = self._new()
-            except Exception:
-                self._wanted.clear()  # cannot start kernels now; take() will start (and report) one
-                continue
-            with self._lock:
+        while True:
+            with self._cond:
+                while not self._closed and (len(self._ready) + self._starting >= self.size
+                                            or self._starting >= self.max_starts):
+                    self._cond.wait()
                 if self._closed:
-                    k.shutdown()
                     return
-                self._ready.append(k)
+                self._starting += 1
+            try:
+                k = self._start_one()
+            except Exception:
+                return  # cannot start kernels now; takers start (and report) their own
+            with self._cond:
+                if not self._closed:
+                    self._ready.append(k)
+                    self._cond.notify_all()
+                    continue
+            k.shutdown()
+            return
 
-    def take(self, bootstrap: str) -> Kernel:
-        """A kernel for a session: warm from the pool, else started now. `bootstrap` runs in it."""
-        with self._lock:
-            k = self._ready.pop() if self._ready else None
-        if self.size:
-            self._wanted.set()
-        if k is None or not k.is_alive():
+    def take(self, bootstrap: str, reclaim: Callable[[], Kernel | None] = lambda: None) -> tuple[Kernel, str]:
+        """A kernel for a session and where it came from: "pool", "reclaimed" or "new"."""
+        while True:
+            with self._cond:
+                k = self._ready.pop() if self._ready else None
+                self._cond.notify_all()  # the filler may start a replacement
             if k is not None:
+                if k.is_alive():
+                    return self.prepare(k, bootstrap), "pool"
                 k.shutdown()
-            k = self._new()
+                continue
+            k = reclaim()
+            if k is not None:
+                return self.prepare(k, bootstrap), "reclaimed"
+            with self._cond:
+                if self._ready:
+                    continue
+                if self._starting >= self.max_starts:
+                    self._cond.wait(0.5)  # a start finishing, or a session parking its kernel, wakes us
+                    continue
+                self._starting += 1
+            return self.prepare(self._start_one(), bootstrap), "new"
+
+    @staticmethod
+    def prepare(k: Kernel, bootstrap: str) -> Kernel:
         k.bootstrap = bootstrap
         result = k.execute(bootstrap, timeout=60)
         if result.error:
@@ -74,23 +112,41 @@ class KernelPool:
             raise RuntimeError(f"kernel bootstrap failed: {result.error}")
         return k
 
+    def reset(self, k: Kernel) -> bool:
+        """Clear a used kernel for another session. False if it could not be reset (then shut it down)."""
+        if not k.is_alive():
+            return False
+        r = k.execute(RESET.format(root=str(self.cwd)), timeout=10)
+        k.bootstrap = None
+        return not (r.error or r.timed_out or r.restarted)
+
     def give_back(self, k: Kernel) -> None:
         """Reuse a kernel a session no longer needs (reset first), or shut it down if the pool is full."""
-        with self._lock:
+        with self._cond:
             keep = not self._closed and len(self._ready) < self.size
-        if keep and k.is_alive():
-            r = k.execute(RESET.format(root=str(self.cwd)), timeout=10)
-            if not r.error and not r.timed_out and not r.restarted:
-                k.bootstrap = None
-                with self._lock:
-                    self._ready.append(k)
-                return
+        if keep and self.reset(k):
+            with self._cond:
+                self._ready.append(k)
+                self._cond.notify_all()
+            return
         k.shutdown()
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             self._closed = True
             ready, self._ready = self._ready, []
-        self._wanted.set()
-        for k in ready:
-            k.shutdown()
+            for k in self._launching:
+                k.cancelled = True  # its starter shuts it down
+            self._cond.notify_all()
+        shutdown_all(ready)
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+
+def shutdown_all(kernels: list[Kernel]) -> None:
+    """Shut kernels down in parallel: each waits for its process to exit."""
+    threads = [threading.Thread(target=k.shutdown, daemon=True) for k in kernels]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)

@@ -12,14 +12,21 @@ def _ts(e: dict) -> str:
     return datetime.fromtimestamp(e.get("ts", 0)).strftime("%H:%M:%S")
 
 
-def print_events(out: Console, session, events: list[dict]) -> None:
+def print_events(out: Console, session, events: list[dict], names: dict[str, str] | None = None) -> None:
+    names = names or {}
+
+    def who(sid: str) -> str:
+        return f"{sid} ({names[sid]})" if sid in names else sid
+
     out.print(f"[bold]{session.id}[/bold] ({escape(session.name)}) status: {session.status}")
     for e in events:
         t, ts = e.get("type"), f"[dim]{_ts(e)}[/dim]"
         if t == "task":
             out.print(f"{ts} [bold cyan]task[/bold cyan]\n{escape(e['text'])}")
         elif t == "message":
-            out.print(f"{ts} [bold cyan]{escape(e['kind'])} from {escape(e['from'])}[/bold cyan]\n{escape(e['text'])}")
+            how = f" (read by {e['read_by']})" if e.get("read_by") else ""
+            out.print(f"{ts} [bold cyan]{escape(e['kind'])} from {escape(who(e['from']))}{how}[/bold cyan]\n"
+                      f"{escape(e['text'])}")
         elif t == "notice":
             out.print(f"{ts} [yellow]notice[/yellow] {escape(e['text'])}")
         elif t == "model_call":
@@ -45,6 +52,16 @@ def print_events(out: Console, session, events: list[dict]) -> None:
             out.print(f"{ts} [blue]status[/blue] {e.get('previous')} -> {e['status']}{reason}")
         elif t == "error":
             out.print(f"{ts} [red]error[/red] {escape(e['error'])}")
+        elif t == "spawn":
+            out.print(f"{ts} [bold yellow]spawned[/bold yellow] {e['child']} ({escape(str(e['name']))}): "
+                      f"{escape(e['task'][:200])}")
+        elif t == "sent":
+            to = ", ".join(who(x) for x in e["to"])
+            out.print(f"{ts} [yellow]sent[/yellow] {e['kind']} to {escape(e['target'])} ({to}): {escape(e['text'][:500])}")
+        elif t == "bad_mail":
+            out.print(f"{ts} [red]bad mail[/red] {escape(e['file'])}: {escape(e['error'])}")
+        elif t == "kernel":
+            out.print(f"{ts} [dim]kernel {e['event']}[/dim]")
         elif t in ("turn_start", "turn_end"):
             extra = f": {e['outcome']} in {e['elapsed_s']:.2f} s" if t == "turn_end" else ""
             out.print(f"{ts} [dim]{t.replace('_', ' ')} {e['turn']}{extra}[/dim]")

@@ -104,7 +104,7 @@ def unacked(mail_dir: Path) -> list[Path]:
 def parse(path: Path, to: str = "") -> Message:
     """A message file -> Message. Hand-written files without front matter count as user mail."""
     try:
-        meta, body = frontmatter.read(path)
+        meta, body = frontmatter.read(path, safe=True)
     except PrimefsError as exc:
         raise BadMessage(str(exc)) from None
     mid = str(meta.get("id") or base_name(path).removesuffix(".md"))

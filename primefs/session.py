@@ -1,6 +1,7 @@
 """A session is a folder: sessions/<id>/{session.yaml, task.md, history.jsonl, result.md, mail/}."""
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
@@ -31,6 +32,7 @@ class Session:
         self.dir = Path(root)
         self.id = self.dir.name
         self._meta: dict | None = None
+        self._meta_key: tuple | None = None  # (inode, mtime, size) of the session.yaml we parsed
         self._lock = threading.Lock()
         self.history = History(self.dir / "history.jsonl")
 
@@ -42,13 +44,21 @@ class Session:
         return self._meta
 
     def read_meta(self) -> dict:
-        data = load_yaml(self.dir / "session.yaml")
+        data = load_yaml(self.dir / "session.yaml", safe=True)  # machine-written: the fast loader
         if not isinstance(data, dict):
             raise PrimefsError(f"{self.dir / 'session.yaml'}: not a mapping")
         return data
 
+    def _stat_key(self) -> tuple:
+        st = os.stat(self.dir / "session.yaml")
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
     def reload(self) -> dict:
-        self._meta = self.read_meta()
+        """Fresh from the file, but parsed again only if the file changed (YAML parsing is slow)."""
+        key = self._stat_key()
+        if self._meta is None or key != self._meta_key:
+            self._meta = self.read_meta()
+            self._meta_key = key
         return self._meta
 
     def update(self, **fields) -> dict:
@@ -56,7 +66,8 @@ class Session:
             meta = self.meta
             meta.update(fields)
             meta["updated"] = iso()
-            write_atomic(self.dir / "session.yaml", dump_yaml(meta), durable=False)
+            write_atomic(self.dir / "session.yaml", dump_yaml(meta, safe=True), durable=False)
+            self._meta_key = self._stat_key()
             return meta
 
     def set_status(self, status: str, **fields) -> None:
@@ -123,7 +134,7 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
         meta["context_data"] = f"{sessions_dir.name}/{sid}/{fname}"
     (final / "task.md").write_text(task, encoding="utf-8")
     (final / "history.jsonl").touch()
-    write_atomic(final / "session.yaml", dump_yaml(meta))
+    write_atomic(final / "session.yaml", dump_yaml(meta, safe=True))
     return Session(final)
 
 

@@ -75,8 +75,9 @@ def test_context_files_are_variables_never_prompt_text(ws, server):
     assert outputs == {"one": "str 14000\n", "two": "['data/a.txt', 'data/b.txt'] bee\n", "none": "None\n"}
     for req in server.requests:
         assert "SECRET-NEEDLE" not in json.dumps(req)
-    system = server.requests[0]["messages"][0]["content"]
-    assert "14,000 characters" in system or "dict of 2 files" in system
+    systems = {r["messages"][1]["content"]: r["messages"][0]["content"] for r in server.requests}
+    assert "str of about 14,000 characters" in systems["one file"]
+    assert "dict of 2 files" in systems["two files"] and "None: this task has no input data" in systems["no file"]
 
 
 def test_done_ends_the_loop_without_another_model_call(ws, server):

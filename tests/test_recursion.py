@@ -203,3 +203,75 @@ def test_bad_send_target_and_bad_spawn_are_errors_in_the_cell(ws, server):
     assert "unknown model 'no-such-alias'" in out
     assert "no parent" in out
     assert len(list_sessions(ws.sessions)) == 1  # nothing created
+
+
+def test_cli_send_stop_usage_tree_and_log(ws, server, tmp_path):
+    import subprocess
+    import sys
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True,
+                           text=True, timeout=120)
+        assert "Traceback" not in r.stderr
+        return r
+
+    parent = {"match": "^Tree", "replies": [{"code": "h = rlm('Leafy', name='leafy')\nprint(h.wait())"},
+                                            {"text": "tree done"}, {"text": "after user mail"}]}
+    leaf = {"match": "^Leafy", "replies": [{"text": "leaf result"}]}
+    server.set_script({"rules": [parent, leaf]})
+    ws = use_server(ws, server)
+    write_goal(ws, "Tree test", name="top")
+    run_once(ws)
+    r = cli("send", "top", "hello from the user")
+    assert r.returncode == 0 and "delivered" in r.stdout
+    run_once(ws)
+    top = by_name(ws)["top"]
+    assert top.read_result() == "after user mail"
+    assert top.events("message")[-1]["kind"] == "user" and top.events("message")[-1]["from"] == "user"
+    # usage --tree and status agree
+    tree_out = cli("usage", "top", "--tree").stdout
+    assert "leafy" in tree_out and "total" in tree_out
+    status = {r["name"]: r for r in json.loads(cli("status", "--json").stdout)}
+    usage = json.loads(cli("usage", "top", "--json").stdout)
+    assert status["top"]["tree_usage"] == usage["tree"]
+    assert usage["tree"]["calls"] == usage["own"]["calls"] + status["leafy"]["usage"]["calls"]
+    # the log names the other sessions
+    log = cli("log", "top").stdout
+    assert "spawned" in log and "leafy" in log and "result from" in log
+    # stop without a runner: marked at once, with --tree for descendants
+    r = cli("stop", "top", "--tree")
+    assert r.returncode == 0
+    status = {r["name"]: r for r in json.loads(cli("status", "--json").stdout)}
+    assert status["top"]["status"] == status["leafy"]["status"] == "stopped"
+    # a stopped session takes no turn for new mail
+    cli("send", "top", "are you there?")
+    run_once(ws)
+    assert top.reload()["status"] == "stopped" and len(top.events("turn_start")) == 2
+    assert cli("send", "nobody", "x").returncode == 1
+
+
+def test_stop_interrupts_a_running_session(ws, server):
+    import time
+
+    from conftest import BackgroundRunner
+
+    from primefs.control import request_stop
+
+    server.set_script({"rules": [{"match": "^Sleep", "replies": [{"code": "import time\ntime.sleep(60)"},
+                                                                  {"text": "should not get here"}]}]})
+    ws = use_server(ws, server, limits={"cell_timeout_s": 120})
+    with BackgroundRunner(ws):
+        write_goal(ws, "Sleep long", name="sleeper")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            s = by_name(ws).get("sleeper")
+            if s and s.events("assistant"):
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert request_stop(ws, s.id)[0][1].startswith("stop requested")
+        while s.reload()["status"] != "stopped" and time.monotonic() - started < 20:
+            time.sleep(0.05)
+        assert s.reload()["status"] == "stopped" and time.monotonic() - started < 10
+    assert s.read_result() is None and len(server.requests) == 1

@@ -1,0 +1,106 @@
+"""Shared bench helpers: a fresh workspace with a scripted instant model, and process-tree memory."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
+from primefs.workspace import Workspace, init_workspace  # noqa: E402
+
+
+def scripted_workspace(script: str, limits: dict | None = None) -> Workspace:
+    root = Path(tempfile.mkdtemp(prefix="primefs-bench-")) / "ws"
+    ws = init_workspace(root)
+    (root / "script.yaml").write_text(script)
+    cfg = load_yaml(root / "primefs.yaml")
+    cfg["model"] = "scripted/script.yaml"
+    cfg["limits"].update(limits or {})
+    (root / "primefs.yaml").write_text(dump_yaml(cfg))
+    return Workspace(root)
+
+
+def _tree_pids(root_pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, stack = [], [root_pid]
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(children.get(p, []))
+    return out
+
+
+def tree_pss_mib(root_pid: int) -> float:
+    """Proportional set size of a process and all its descendants (shared pages counted once)."""
+    total = 0
+    for pid in _tree_pids(root_pid):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+                        break
+        except OSError:
+            pass
+    return total / 1024
+
+
+class PeakMemory:
+    """Samples the PSS of a process tree every 50 ms while a `with` block runs."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_pss_mib(self.pid))
+            self._stop.wait(0.05)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def run_cli(ws: Workspace, *args: str) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run `primefs ARGS` as a fresh process; returns (wall seconds, peak PSS MiB, result)."""
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PeakMemory(proc.pid) as mem:
+        out, err = proc.communicate()
+    return time.monotonic() - started, mem.peak, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def step_overheads(events: list[dict]) -> list[float]:
+    """Harness time between a model reply and the next model request, minus the cell's own run time."""
+    out, last_end, cell_time = [], None, 0.0
+    for e in events:
+        if e["type"] == "model_call" and e.get("purpose") == "turn":
+            start = e["ts"] - e["latency_s"]
+            if last_end is not None:
+                out.append(start - last_end - cell_time)
+            last_end, cell_time = e["ts"], 0.0
+        elif e["type"] == "cell":
+            cell_time += e.get("elapsed_s") or 0.0
+        elif e["type"] == "turn_end":
+            last_end = None
+    return out

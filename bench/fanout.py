@@ -1,0 +1,63 @@
+"""Fan-out: a root session spawns N children that each run one trivial cell (scripted instant model).
+
+Reports, per N: wall time of `primefs run --once` (process start to exit), time to the first child
+cell, peak memory (PSS of the runner and all its kernels), and harness overhead per step.
+
+    python bench/fanout.py            # N = 10 50 200
+    python bench/fanout.py 20 50      # chosen sizes
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+from common import run_cli, scripted_workspace, step_overheads
+
+from primefs.session import list_sessions
+
+SCRIPT = """\
+rules:
+  - match: "^Fan out"
+    replies:
+      - code: |
+          n = int(open('n.txt').read())
+          hs = [rlm(f'child {i}') for i in range(n)]
+          res = wait_all(hs)
+          print(len(res), res[0])
+      - text: "all children answered"
+  - match: "^child"
+    replies:
+      - code: "x = 1 + 1"
+      - text: "ok"
+"""
+
+
+def run(n: int, cap: int | None = None) -> dict:
+    ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": cap} if cap else None)
+    (ws.root / "n.txt").write_text(str(n))
+    (ws.goals / "fan.md").write_text("Fan out to children\n")
+    wall, peak, r = run_cli(ws, "run", "--once", "--quiet")
+    if r.returncode != 0:
+        raise SystemExit(r.stderr)
+    sessions = list_sessions(ws.sessions)
+    root = next(s for s in sessions if not s.meta.get("parent"))
+    assert root.read_result() == "all children answered", root.read_result()
+    children = [s for s in sessions if s.meta.get("parent")]
+    assert len(children) == n and all(c.read_result() == "ok" for c in children)
+    t_spawn = root.events("spawn")[0]["ts"]
+    first_cell = min(c.events("cell")[0]["ts"] - c.events("cell")[0]["elapsed_s"] for c in children)
+    overheads = [o for s in sessions for o in step_overheads(s.events())]
+    return {"n": n, "cap": cap or ws.limits()["max_concurrent_sessions"], "wall_s": round(wall, 2),
+            "first_child_cell_after_spawn_s": round(first_cell - t_spawn, 3),
+            "peak_pss_mib": round(peak), "overhead_per_step_ms_median": round(statistics.median(overheads) * 1000, 1),
+            "overhead_per_step_ms_p90": round(sorted(overheads)[int(len(overheads) * 0.9)] * 1000, 1),
+            "workspace": str(ws.root)}
+
+
+if __name__ == "__main__":
+    sizes = [int(a) for a in sys.argv[1:]] or [10, 50, 200]
+    for n in sizes:
+        t = time.monotonic()
+        print(json.dumps(run(n)), flush=True)

@@ -1,0 +1,48 @@
+"""Requests from the command line to a runner that may or may not be running: files again."""
+from __future__ import annotations
+
+import fcntl
+
+from .fsutil import write_atomic
+from .runner import STOP_FILE
+from .session import Session, list_sessions
+from .workspace import Workspace
+
+
+def descendants(ws: Workspace, sid: str) -> list[str]:
+    children: dict[str, list[str]] = {}
+    for s in list_sessions(ws.sessions):
+        children.setdefault(s.meta.get("parent"), []).append(s.id)
+    out, stack = [], list(children.get(sid, []))
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        stack.extend(children.get(x, []))
+    return out
+
+
+def request_stop(ws: Workspace, sid: str, tree: bool = False) -> list[tuple[str, str]]:
+    """Stop a session (and its descendants). With a runner: a stop.request file it applies at once.
+    Without one: mark the sessions stopped directly (holding the runner lock so none starts meanwhile)."""
+    targets = [sid] + (descendants(ws, sid) if tree else [])
+    ws.state.mkdir(exist_ok=True)
+    with open(ws.state / "runner.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            runner_running = False
+        except BlockingIOError:
+            runner_running = True
+        out = []
+        for t in targets:
+            s = Session(ws.sessions / t)
+            if s.status in ("stopped",):
+                out.append((t, "already stopped"))
+            elif runner_running:
+                write_atomic(s.dir / STOP_FILE, "stop\n")
+                out.append((t, "stop requested (the runner applies it)"))
+            else:
+                s.set_status("stopped", stop_reason="stopped")
+                out.append((t, "stopped"))
+        if not runner_running:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return out
