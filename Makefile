@@ -20,15 +20,19 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 install: $(VENV)/.installed
 
+PF := $(CURDIR)/$(BIN)/primefs
+
 demo: install
-	$(BIN)/primefs init $(DEMO)
-	cd $(DEMO) && ../../$(BIN)/primefs goal --name demo "What is 17 * 23? Compute it with Python, then answer with the number."
-	cd $(DEMO) && ../../$(BIN)/primefs run --once
-	cd $(DEMO) && ../../$(BIN)/primefs status && ../../$(BIN)/primefs usage demo
+	$(PF) init $(DEMO)
+	$(PF) -w $(DEMO) goal --name demo --limit max_steps_per_turn=4 \
+	  "What is 17 * 23? Compute it with Python, then answer with the number."
+	$(PF) -w $(DEMO) run --once
+	$(PF) -w $(DEMO) status
+	$(PF) -w $(DEMO) usage demo
 	@echo
-	@echo "Result (from $(DEMO)/sessions/*/result.md; the tiny local model is often wrong):"
-	@cat $(DEMO)/sessions/*/result.md; echo
-	@echo "Workspace: $(DEMO)  -- see its history with: cd $(DEMO) && ../../$(BIN)/primefs log demo"
+	@echo "Result (the tiny local model is often wrong; it shows the loop, not good answers):"
+	@cat $(DEMO)/sessions/*/result.md 2>/dev/null || echo "(no result within the step limit: the log shows each step)"; echo
+	@echo "Files: $(CURDIR)/$(DEMO)   History: $(PF) -w $(DEMO) log demo"
 
 test: install
 	$(BIN)/python -m pytest -q -ra

@@ -78,14 +78,17 @@ def init(directory, source):
 @click.option("--name", "-n", help="Name of the goal and of its session (default: from the text).")
 @click.option("--context", "-c", "context", multiple=True, metavar="FILE",
               help="A file inside the workspace handed to the agent as `context` (repeatable).")
+@click.option("--limit", "limits", multiple=True, metavar="KEY=VALUE",
+              help="Override a limit of primefs.yaml for this goal, e.g. --limit max_steps_per_turn=5.")
 @ws_option
 @click.pass_context
-def goal(ctx, text, model, name, context):
+def goal(ctx, text, model, name, context, limits):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
     ws = workspace(ctx)
     if text == "-":
         text = sys.stdin.read()
-    path = write_goal(ws, text, model=model, name=name, context=list(context))
+    extra = {"limits": parse_limits(limits)} if limits else None
+    path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra)
     click.echo(path.relative_to(ws.root).as_posix())
 
 
@@ -102,6 +105,21 @@ def run(ctx, once, quiet):
     log = (lambda m: None) if quiet else (lambda m: err.print(f"[dim]{datetime.now():%H:%M:%S}[/dim] {m}",
                                                             markup=True, highlight=False, soft_wrap=True))
     Runner(ws, log=log).run(once=once)
+
+
+def parse_limits(pairs) -> dict:
+    from .workspace import DEFAULT_LIMITS
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in DEFAULT_LIMITS:
+            raise PrimefsError(f"bad --limit {pair!r}: use KEY=NUMBER with KEY one of {', '.join(DEFAULT_LIMITS)}")
+        try:
+            out[key] = type(DEFAULT_LIMITS[key])(value)
+        except ValueError:
+            raise PrimefsError(f"bad --limit {pair!r}: {value!r} is not a number") from None
+    return out
 
 
 def _short(text: str | None, n: int = 60) -> str:

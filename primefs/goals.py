@@ -9,7 +9,7 @@ from pathlib import Path
 from . import frontmatter
 from .errors import PrimefsError
 from .fsutil import check_name, write_new
-from .workspace import Workspace
+from .workspace import DEFAULT_LIMITS, Workspace
 
 GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat"}
 
@@ -55,6 +55,11 @@ def parse_goal(ws: Workspace, path: Path) -> Goal:
     limits = meta.get("limits") or {}
     if not isinstance(limits, dict):
         raise PrimefsError(f"{rel}: `limits:` must be a mapping")
+    for key, value in limits.items():
+        if key not in DEFAULT_LIMITS:
+            raise PrimefsError(f"{rel}: unknown limit {key!r} (known: {', '.join(DEFAULT_LIMITS)})")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise PrimefsError(f"{rel}: limit {key} must be a number, not {value!r}")
     model = str(meta.get("model") or ws.default_model())
     try:
         settings = ws.resolve_model(model)

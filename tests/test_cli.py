@@ -178,3 +178,15 @@ def test_second_runner_is_refused(home):
     with open(home / ".primefs" / "runner.lock", "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert_clean_error(cli("run", "--once", cwd=home), "already running")
+
+
+def test_goal_limit_overrides(home):
+    r = cli("goal", "largest files", "--name", "lim", "--limit", "max_steps_per_turn=1", "--model",
+            "scripted/script.yaml", cwd=home)
+    assert r.returncode == 0, r.stderr
+    assert "max_steps_per_turn: 1" in (home / "goals" / "lim.md").read_text()
+    cli("run", "--once", cwd=home)
+    rec = json.loads(cli("status", "--json", cwd=home).stdout)[0]
+    assert rec["stop_reason"] == "max_steps" and rec["result"] is None
+    assert_clean_error(cli("goal", "x", "--limit", "bogus=1", cwd=home), "bad --limit")
+    assert_clean_error(cli("goal", "x", "--limit", "max_steps_per_turn=lots", cwd=home), "not a number")
