@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .conversation import code_of_call, fenced_code, rebuild, to_messages
+from .goalctl import BudgetExhausted
 from .kernel import CellResult, Kernel, cut
 from .prompt import system_prompt
 from .providers.base import PYTHON_TOOL, ModelError
@@ -49,6 +50,7 @@ class Agent:
         self.turns = 0
         self.done_answer: str | None = None
         self.stop_requested = False
+        self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
 
     # -- state ------------------------------------------------------------------------------------
     def record(self, type: str, **fields) -> dict:
@@ -111,6 +113,10 @@ class Agent:
                 self.record("error", error=str(exc))
                 self.session.set_status("failed", error=str(exc), stop_reason="error")
                 return "failed"
+            except BudgetExhausted as exc:
+                self.record("budget", reason=exc.reason, detail=str(exc))
+                self.session.set_status("stopped", stop_reason=exc.reason, error=str(exc))
+                return "stopped"
             calls, cells = [], []
             if self.tool_mode == "native":
                 for c in reply.tool_calls:

@@ -80,15 +80,38 @@ def init(directory, source):
               help="A file inside the workspace handed to the agent as `context` (repeatable).")
 @click.option("--limit", "limits", multiple=True, metavar="KEY=VALUE",
               help="Override a limit of primefs.yaml for this goal, e.g. --limit max_steps_per_turn=5.")
+@click.option("--autonomous", is_flag=True, help="Keep taking turns until done(), the end conditions pass, "
+              "or a budget runs out.")
+@click.option("--budget", "budgets", multiple=True, metavar="KEY=VALUE",
+              help="Budget over the whole session tree: turns, tokens, seconds or cost_usd (repeatable).")
+@click.option("--end-condition", "conditions", multiple=True, metavar="NAME=ARG",
+              help="E.g. --end-condition 'command=pytest -q' or --end-condition file_exists=report.md.")
 @ws_option
 @click.pass_context
-def goal(ctx, text, model, name, context, limits):
+def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
+    from .goalctl import BUDGET_KEYS, check_budget
+
     ws = workspace(ctx)
     if text == "-":
         text = sys.stdin.read()
-    extra = {"limits": parse_limits(limits)} if limits else None
-    path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra)
+    extra: dict = {}
+    if limits:
+        extra["limits"] = parse_limits(limits)
+    if autonomous:
+        extra["autonomous"] = True
+    if budgets:
+        extra["budget"] = check_budget(_pairs(budgets, "--budget", BUDGET_KEYS, number=True), "--budget")
+    if conditions:
+        from .goalctl import check_end_conditions
+        from .plugins import end_conditions, plugin_manager
+
+        pairs = [c.partition("=") for c in conditions]
+        if any(not sep or not name for name, sep, _ in pairs):
+            raise PrimefsError("bad --end-condition: use NAME=ARG, e.g. 'command=pytest -q'")
+        extra["end_conditions"] = check_end_conditions([{name: arg} for name, _, arg in pairs], "--end-condition",
+                                                       end_conditions(plugin_manager(ws.root)))
+    path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra or None)
     click.echo(path.relative_to(ws.root).as_posix())
 
 
@@ -107,19 +130,26 @@ def run(ctx, once, quiet):
     Runner(ws, log=log).run(once=once)
 
 
-def parse_limits(pairs) -> dict:
-    from .workspace import DEFAULT_LIMITS
-
+def _pairs(pairs, flag: str, known, number: bool = False) -> dict:
+    """KEY=VALUE options -> dict, refusing unknown keys (and non-numbers when `number`)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or key not in DEFAULT_LIMITS:
-            raise PrimefsError(f"bad --limit {pair!r}: use KEY=NUMBER with KEY one of {', '.join(DEFAULT_LIMITS)}")
-        try:
-            out[key] = type(DEFAULT_LIMITS[key])(value)
-        except ValueError:
-            raise PrimefsError(f"bad --limit {pair!r}: {value!r} is not a number") from None
+        if not sep or key not in known:
+            raise PrimefsError(f"bad {flag} {pair!r}: use KEY=VALUE with KEY one of {', '.join(known)}")
+        if number:
+            try:
+                value = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+            except ValueError:
+                raise PrimefsError(f"bad {flag} {pair!r}: {value!r} is not a number") from None
+        out[key] = value
     return out
+
+
+def parse_limits(pairs) -> dict:
+    from .workspace import DEFAULT_LIMITS
+
+    return _pairs(pairs, "--limit", DEFAULT_LIMITS, number=True)
 
 
 def _short(text: str | None, n: int = 60) -> str:
@@ -154,20 +184,21 @@ def tree_order(index: UsageIndex) -> list[str]:
 
 
 def goal_problems(ws) -> list[str]:
-    taken = set()
-    index_goals = {}
-    for p in goal_files(ws):
-        index_goals[p] = p.relative_to(ws.root).as_posix()
+    """Goals not yet picked up: waiting, or broken (with file and line)."""
+    from .plugins import end_conditions, plugin_manager
     from .session import list_sessions
 
-    for s in list_sessions(ws.sessions):
-        taken.add(s.meta.get("goal"))
+    taken = {s.meta.get("goal") for s in list_sessions(ws.sessions)}
+    conditions = None
     problems = []
-    for path, rel in index_goals.items():
+    for path in goal_files(ws):
+        rel = path.relative_to(ws.root).as_posix()
         if rel in taken:
             continue
+        if conditions is None:
+            conditions = end_conditions(plugin_manager(ws.root))
         try:
-            parse_goal(ws, path)
+            parse_goal(ws, path, conditions)
             problems.append(f"{rel}: waiting for a runner")
         except PrimefsError as exc:
             problems.append(f"error: {exc}")

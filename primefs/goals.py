@@ -9,6 +9,7 @@ from pathlib import Path
 from . import frontmatter
 from .errors import PrimefsError
 from .fsutil import check_name, write_new
+from .goalctl import check_budget, check_end_conditions
 from .workspace import DEFAULT_LIMITS, Workspace
 
 GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat"}
@@ -25,6 +26,7 @@ class Goal:
     context: list[str] = field(default_factory=list)
     limits: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    control: dict = field(default_factory=dict)  # autonomous, budget, end_conditions, heartbeat
 
 
 def goal_files(ws: Workspace) -> list[Path]:
@@ -33,8 +35,10 @@ def goal_files(ws: Workspace) -> list[Path]:
     return sorted(p for p in ws.goals.iterdir() if p.suffix == ".md" and not p.name.startswith(".") and p.is_file())
 
 
-def parse_goal(ws: Workspace, path: Path) -> Goal:
-    """Read and validate a goal file. Any problem raises PrimefsError naming the file (and line)."""
+def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goal:
+    """Read and validate a goal file. Any problem raises PrimefsError naming the file (and line).
+
+    `conditions`: the registered end conditions, to refuse unknown names (None: shape only)."""
     rel = path.relative_to(ws.root).as_posix()
     meta, body = frontmatter.read(path, rel)
     unknown = set(meta) - GOAL_KEYS
@@ -60,13 +64,24 @@ def parse_goal(ws: Workspace, path: Path) -> Goal:
             raise PrimefsError(f"{rel}: unknown limit {key!r} (known: {', '.join(DEFAULT_LIMITS)})")
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise PrimefsError(f"{rel}: limit {key} must be a number, not {value!r}")
+    control = {}
+    if "autonomous" in meta:
+        if not isinstance(meta["autonomous"], bool):
+            raise PrimefsError(f"{rel}: `autonomous:` must be true or false")
+        control["autonomous"] = meta["autonomous"]
+    if meta.get("budget") is not None:
+        control["budget"] = check_budget(meta["budget"], rel)
+    if meta.get("end_conditions") is not None:
+        control["end_conditions"] = check_end_conditions(meta["end_conditions"], rel, conditions)
+    if meta.get("heartbeat") is not None:
+        control["heartbeat"] = meta["heartbeat"]
     model = str(meta.get("model") or ws.default_model())
     try:
         settings = ws.resolve_model(model)
     except PrimefsError as exc:
         raise PrimefsError(f"{rel}: {exc}") from None
     return Goal(path=path, rel=rel, name=name, task=task, model=model, settings=settings,
-                context=context, limits=dict(limits), meta=dict(meta))
+                context=context, limits=dict(limits), meta=dict(meta), control=control)
 
 
 def check_context_path(ws: Workspace, rel: str, where: str) -> str:

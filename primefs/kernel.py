@@ -68,7 +68,7 @@ class Kernel:
                               "--HistoryManager.enabled=False"]
         self.km.start_kernel(env=kernel_env(), cwd=str(self.cwd))
         self.kc = self.km.blocking_client()
-        self.kc.start_channels()
+        self.kc.start_channels(hb=False)  # liveness comes from the process; saves a thread per kernel
         self._wait_ready()
         if self.bootstrap:
             result = self.execute(self.bootstrap, timeout=60)

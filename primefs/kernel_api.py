@@ -84,9 +84,14 @@ def setup(ns: dict, sock: str, token: str, session_id: str, context_paths: list[
     link = _Link(sock, token)
 
     def done(answer) -> None:
-        """Finish: `answer` becomes the session's result; no further model call this turn."""
+        """Finish: `answer` becomes the session's result; no further model call this turn.
+        Refused (ValueError) while the goal's end conditions fail."""
         link("done", answer=str(answer))
         print("[done: the answer is recorded; the turn ends after this cell]")
+
+    def goal_status() -> dict:
+        """Your goal, budgets (limit, used, left) and end-condition results, checked now."""
+        return link("goal_status")
 
     def llm(prompt: str, model: str | None = None) -> str:
         """One plain model call (no tools, no kernel); accounted to this session."""
@@ -128,5 +133,5 @@ def setup(ns: dict, sock: str, token: str, session_id: str, context_paths: list[
         return Message(**link("recv", timeout=timeout))
 
     ns.update(context=load_context(context_paths, context_data), done=done, llm=llm, llm_batch=llm_batch,
-              rlm=rlm, wait_all=wait_all, send=send, inbox=inbox, recv=recv, Handle=Handle,
+              rlm=rlm, wait_all=wait_all, goal_status=goal_status, send=send, inbox=inbox, recv=recv, Handle=Handle,
               ChildFailed=ChildFailed, SESSION_ID=session_id)

@@ -32,7 +32,10 @@ class BuiltinProviders:
 def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
     pm = pluggy.PluginManager("primefs")
     pm.add_hookspecs(hookspecs)
+    from .endconditions import BuiltinEndConditions
+
     pm.register(BuiltinProviders(), name="primefs.builtin")
+    pm.register(BuiltinEndConditions(), name="primefs.builtin-end-conditions")
     if os.environ.get("PRIMEFS_LOAD_PLUGINS", "1") != "0":
         pm.load_setuptools_entrypoints("primefs")
         if workspace_root is not None:
@@ -58,6 +61,20 @@ def providers(pm: pluggy.PluginManager) -> list:
     found: list = []
     pm.hook.register_providers(register=found.append)
     return found
+
+
+def end_conditions(pm: pluggy.PluginManager) -> dict:
+    """name -> check(arg, ctx) -> (passed, report), from every plugin."""
+    found: dict = {}
+    pm.hook.register_end_conditions(register=lambda name, check: found.setdefault(name, check))
+    return found
+
+
+def benchmarks(pm: pluggy.PluginManager) -> dict:
+    """name -> benchmark object, from every plugin."""
+    found: list = []
+    pm.hook.register_benchmarks(register=found.append)
+    return {b.name: b for b in found}
 
 
 def provider_for(found: list, model_id: str):

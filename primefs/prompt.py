@@ -27,7 +27,8 @@ returns its answer (raises `ChildFailed` if it failed); `wait_all(handles)`; `h.
 `h.send(text)` (a finished child takes a new turn). Split big inputs into chunks and fan out.
 - `send(to, text)`: mail "parent", "children", "all", a child's name or a session id. `inbox()` returns \
 unread messages; `recv(timeout=None)` waits for one. Mail that arrives while you work is shown to you.
-- `done(answer)`: record `answer` as your final result and end the turn after this cell."""
+- `done(answer)`: record `answer` as your final result and end the turn after this cell. \
+`goal_status()`: your goal, budgets used and left, end-condition results."""
 
 
 def describe_context(root: Path, paths: list[str], data: str | None = None) -> str:

@@ -17,10 +17,11 @@ from . import mail
 from .agent import Agent
 from .errors import PrimefsError
 from .gitops import Committer
+from .goalctl import GoalControl
 from .goals import goal_files, parse_goal
 from .kernel import Kernel
 from .kernelpool import KernelPool, shutdown_all
-from .plugins import plugin_manager, provider_for, providers
+from .plugins import end_conditions, plugin_manager, provider_for, providers
 from .providers.base import ModelError, ModelReply
 from .rpc import RpcServer
 from .services import FINISHED, KernelServices
@@ -60,6 +61,7 @@ class Runner:
         self.pm = plugin_manager(ws.root)
         self.providers = providers(self.pm)
         self.services = KernelServices(self)
+        self.goals = GoalControl(self, end_conditions(self.pm))
         self.agents: dict[str, Agent] = {}
         self.sessions: dict[str, Session] = {}  # one object per session: one history writer, one meta cache
         self.by_token: dict[str, Agent] = {}
@@ -215,16 +217,18 @@ class Runner:
                 if rel in self.claimed_goals:
                     continue
                 try:
-                    goal = parse_goal(self.ws, path)
+                    goal = parse_goal(self.ws, path, self.goals.conditions)
                 except PrimefsError as exc:
                     mtime = path.stat().st_mtime if path.exists() else 0
                     if self.reported_goals.get(rel) != mtime:  # report each broken version once
                         self.reported_goals[rel] = mtime
                         self.log(f"goal error: {exc}")
                     continue
+                extra = dict(goal.control)
+                if goal.limits:
+                    extra["limits"] = goal.limits
                 session = create_session(self.ws.sessions, task=goal.task, name=goal.name, model=goal.model,
-                                         goal=rel, context=goal.context,
-                                         extra={"limits": goal.limits} if goal.limits else None)
+                                         goal=rel, context=goal.context, extra=extra)
                 self.claimed_goals.add(rel)
                 self.log(f"goal {rel} -> session {session.id} ({goal.name}, model {goal.model})")
                 self.adopt(session)
@@ -320,18 +324,26 @@ class Runner:
             return True
         if status == "pending":  # its task is recorded but its first turn never started
             return True
+        if agent.pending_notice:  # an autonomous goal goes on
+            agent.record("notice", text=agent.pending_notice)
+            agent.pending_notice = None
+            return True
         return self.take_mail(agent) > 0
 
     def _turn(self, agent: Agent) -> None:
         s = agent.session
         agent.turns += 1
         turn = agent.turns
+        if not s.meta.get("started_ts"):
+            s.update(started_ts=time.time())  # the seconds budget counts from here
         s.set_status("running", stop_reason=None)
         agent.record("turn_start", turn=turn)
         self.log(f"{s.id} ({s.name}): turn {turn} started")
         started = time.monotonic()
         outcome = agent.run_turn()
-        agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=round(time.monotonic() - started, 4))
+        agent.pending_notice = self.goals.after_turn(agent, outcome)
+        agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=round(time.monotonic() - started, 4),
+                     status=s.status, stop_reason=s.meta.get("stop_reason"))
         self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
         self._report_to_parent(s, turn)
         paths = [f"sessions/{s.id}"]
@@ -553,6 +565,7 @@ class Runner:
     def complete(self, agent: Agent, messages: list[dict], tools, *, purpose: str,
                  settings: dict | None = None) -> ModelReply:
         """One model call with bounded retries; every attempt's outcome is recorded where it happened."""
+        self.goals.before_model_call(agent)  # raises BudgetExhausted
         settings = dict(settings or agent.settings)
         settings["workspace"] = str(self.ws.root)
         provider = provider_for(self.providers, settings["model"])
@@ -576,5 +589,6 @@ class Runner:
                 "model_call", model=settings["model"], purpose=purpose, input_tokens=reply.input_tokens,
                 output_tokens=reply.output_tokens, cost_usd=reply.cost_usd, cost_known=reply.cost_known,
                 latency_s=round(time.monotonic() - started, 4))
+            self.goals.record_call(agent.session.id, reply.input_tokens + reply.output_tokens, reply.cost_usd)
             return reply
         raise AssertionError("unreachable")

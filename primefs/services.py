@@ -59,8 +59,15 @@ class KernelServices:
             return [f.result().text for f in futures]
 
     def op_done(self, agent, answer: str) -> bool:
+        refusal = self.runner.goals.refuse_done(agent)
+        if refusal:
+            agent.record("done_refused", answer=answer[:2000], report=refusal[-4000:])
+            raise PrimefsError(refusal)
         agent.done_answer = answer
         return True
+
+    def op_goal_status(self, agent) -> dict:
+        return self.runner.goals.status(agent)
 
     # -- children ---------------------------------------------------------------------------------
     def op_spawn(self, agent, task: str, name=None, model=None, context=None, agent_spec=None) -> dict:

@@ -1,0 +1,198 @@
+"""Goals that run until done: budgets over the session tree, end conditions, autonomous turns.
+
+A goal's front matter may carry `autonomous`, `budget: {turns, tokens, seconds, cost_usd}` and
+`end_conditions: [{name: arg}, ...]`; they are copied into the goal session's session.yaml.
+Budgets count the whole tree below the session that holds them (tokens = input + output of
+every model call, cost in USD, seconds of wall time since its first turn); `turns` counts the
+turns of the goal session itself. They are checked before every model call of every session
+in the tree. A stop for a limit never reports success: the status is `stopped`, with a reason.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .accounting import own_usage
+from .errors import PrimefsError
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .runner import Runner
+
+BUDGET_KEYS = {"turns": "budget:turns", "tokens": "budget:tokens", "seconds": "budget:seconds",
+               "cost_usd": "budget:cost"}
+
+
+class BudgetExhausted(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def check_budget(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise PrimefsError(f"{where}: `budget:` must be a mapping of {', '.join(BUDGET_KEYS)}")
+    out = {}
+    for key, limit in value.items():
+        if key not in BUDGET_KEYS:
+            raise PrimefsError(f"{where}: unknown budget {key!r} (known: {', '.join(BUDGET_KEYS)})")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0:
+            raise PrimefsError(f"{where}: budget {key} must be a positive number, not {limit!r}")
+        out[str(key)] = limit
+    return out
+
+
+def check_end_conditions(value, where: str, known: dict | None = None) -> list[dict]:
+    if not isinstance(value, list):
+        raise PrimefsError(f"{where}: `end_conditions:` must be a list like [{{command: \"pytest -q\"}}]")
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or len(item) != 1:
+            raise PrimefsError(f"{where}: each end condition is a map with one key, its name "
+                               f"(e.g. {{file_exists: report.md}}), not {item!r}")
+        (name, arg), = item.items()
+        if known is not None and name not in known:
+            raise PrimefsError(f"{where}: unknown end condition {name!r} (known: {', '.join(sorted(known))})")
+        out.append({str(name): arg})
+    return out
+
+
+class GoalControl:
+    def __init__(self, runner: "Runner", conditions: dict):
+        self.runner = runner
+        self.conditions = conditions
+        self._own: dict[str, list] = {}  # sid -> [tokens, cost], kept current by record_call
+
+    # -- usage ------------------------------------------------------------------------------------
+    def _own_totals(self, sid: str) -> list:
+        if sid not in self._own:
+            u = own_usage(self.runner.session(sid))
+            self._own[sid] = [u["input_tokens"] + u["output_tokens"], u["cost_usd"]]
+        return self._own[sid]
+
+    def record_call(self, sid: str, tokens: int, cost: float) -> None:
+        with self.runner.cond:
+            if sid in self._own:  # otherwise it is read from history when first needed
+                t = self._own[sid]
+                t[0] += tokens
+                t[1] += cost
+
+    def holder(self, sid: str) -> str | None:
+        """The nearest session at or above `sid` that has a budget."""
+        while sid:
+            if self.runner.session(sid).meta.get("budget"):
+                return sid
+            sid = self.runner.parents.get(sid)
+        return None
+
+    def used(self, holder: str) -> dict:
+        with self.runner.cond:
+            tokens = cost = 0.0
+            stack = [holder]
+            while stack:
+                x = stack.pop()
+                t = self._own_totals(x)
+                tokens, cost = tokens + t[0], cost + t[1]
+                stack.extend(self.runner.children.get(x, []))
+        meta = self.runner.session(holder).meta
+        started = meta.get("started_ts")
+        agent = self.runner.agents.get(holder)
+        turns = agent.turns if agent else 0
+        return {"turns": turns, "tokens": int(tokens), "cost_usd": round(cost, 10),
+                "seconds": round(time.time() - started, 3) if started else 0.0}
+
+    def exhausted(self, sid: str, *, next_turn: bool = False) -> tuple[str, str] | None:
+        """(reason, detail) if a budget over `sid` is used up. `next_turn`: about to start one more turn."""
+        holder = self.holder(sid)
+        if holder is None:
+            return None
+        budget = self.runner.session(holder).meta["budget"]
+        used = self.used(holder)
+        for key, limit in budget.items():
+            value = used[key]
+            over = value >= limit if (key != "turns" or next_turn) else value > limit
+            if over:
+                return BUDGET_KEYS[key], f"{key} used {value:g} of {limit:g}" + (
+                    "" if holder == sid else f" (budget of {holder})")
+        return None
+
+    def before_model_call(self, agent: "Agent") -> None:
+        hit = self.exhausted(agent.session.id)
+        if hit:
+            raise BudgetExhausted(*hit)
+
+    # -- end conditions ---------------------------------------------------------------------------
+    def evaluate(self, sid: str) -> list[dict]:
+        out = []
+        for cond in self.runner.session(sid).meta.get("end_conditions") or []:
+            (name, arg), = cond.items()
+            check = self.conditions.get(name)
+            if check is None:
+                out.append({"name": name, "arg": arg, "passed": False, "report": f"unknown end condition {name!r}"})
+                continue
+            try:
+                passed, report = check(arg, {"workspace": self.runner.ws.root, "session": sid})
+            except Exception as exc:  # a broken plugin fails its condition, not the runner
+                passed, report = False, f"{name} raised {type(exc).__name__}: {exc}"
+            out.append({"name": name, "arg": arg, "passed": bool(passed), "report": str(report)})
+        return out
+
+    def refuse_done(self, agent: "Agent") -> str | None:
+        """done() is refused (with this message) while the session's end conditions fail."""
+        results = self.evaluate(agent.session.id)
+        failing = [r for r in results if not r["passed"]]
+        if not failing:
+            return None
+        return "done() refused: end conditions not met:\n" + "\n".join(r["report"] for r in failing)
+
+    def status(self, agent: "Agent") -> dict:
+        sid = agent.session.id
+        meta = agent.session.meta
+        holder = self.holder(sid)
+        budget = {}
+        if holder:
+            used = self.used(holder)
+            for key, limit in self.runner.session(holder).meta["budget"].items():
+                budget[key] = {"limit": limit, "used": used[key], "left": max(0, limit - used[key])}
+        return {"goal": agent.session.task, "session": sid, "autonomous": bool(meta.get("autonomous")),
+                "turn": agent.turns, "budget": budget, "budget_holder": holder,
+                "end_conditions": self.evaluate(sid)}
+
+    # -- autonomy ---------------------------------------------------------------------------------
+    def after_turn(self, agent: "Agent", outcome: str) -> str | None:
+        """Decide what follows a turn. Returns the notice that starts another turn, or None."""
+        s = agent.session
+        meta = s.reload()
+        if outcome in ("failed", "stopped") or meta.get("status") in ("failed", "stopped"):
+            return None
+        conds = meta.get("end_conditions") or []
+        if conds:
+            results = self.evaluate(s.id)
+            failing = [r for r in results if not r["passed"]]
+            s.history.append("end_conditions", results=[{k: r[k] for k in ("name", "passed")} for r in results],
+                             report="\n".join(r["report"] for r in failing)[-4000:])
+            if not failing:
+                if meta.get("status") != "done" or meta.get("stop_reason") != "done":
+                    s.set_status("done", stop_reason="done", error=None)
+                return None
+            if meta.get("status") == "done":  # done() was accepted, but the conditions no longer hold
+                s.set_status("idle", stop_reason="end_conditions_failed")
+            if not meta.get("autonomous"):
+                return None
+            hit = self.exhausted(s.id, next_turn=True)
+            if hit:
+                reason = "end_conditions_failed" if hit[0] == "budget:turns" else hit[0]
+                s.set_status("stopped", stop_reason=reason, error=hit[1])
+                return None
+            limit = (self.runner.session(self.holder(s.id)).meta["budget"].get("turns")
+                     if self.holder(s.id) else None)
+            attempt = f"attempt {agent.turns + 1}" + (f" of {limit:g}" if limit else "")
+            report = "\n\n".join(r["report"] for r in failing)[-4000:]
+            return f"The goal's end conditions are not met yet ({attempt}):\n{report}\nKeep working on the goal."
+        if not meta.get("autonomous") or outcome == "done":
+            return None
+        hit = self.exhausted(s.id, next_turn=True)
+        if hit:
+            s.set_status("stopped", stop_reason=hit[0], error=hit[1])
+            return None
+        return "Continue working on the goal. When it is complete, call done(answer) with the final answer."
