@@ -16,6 +16,7 @@ from pathlib import Path
 from . import mail
 from .agent import Agent
 from .errors import PrimefsError
+from .conversation import fenced_code
 from .gitops import Committer
 from .goalctl import GoalControl
 from .goals import goal_files, parse_goal
@@ -318,6 +319,7 @@ class Runner:
             agent.record("task", text=s.task)
             return True
         if status == "running":  # the previous runner stopped mid-turn
+            self._close_interrupted_cells(agent)
             agent.record("notice", text="The runner restarted while you were working; the last cell was "
                                         "interrupted and your kernel variables are gone (`context` is loaded "
                                         "again). Rebuild what you need and continue.")
@@ -329,6 +331,25 @@ class Runner:
             agent.pending_notice = None
             return True
         return self.take_mail(agent) > 0
+
+    def _close_interrupted_cells(self, agent: Agent) -> None:
+        """Code the model asked for that never reported back (the runner died mid-cell) gets an
+        answer, so the conversation stays well-formed (every tool call answered)."""
+        events = agent.session.events()
+        last = max((i for i, e in enumerate(events) if e["type"] == "assistant"), default=None)
+        if last is None:
+            return
+        done_ids = {e.get("call_id") for e in events[last + 1:] if e["type"] == "cell"}
+        text = "[interrupted: the runner restarted during this cell; kernel variables are gone]"
+        calls = events[last].get("calls") or []
+        if calls:
+            for c in calls:
+                if c["id"] not in done_ids:
+                    agent.record("cell", call_id=c["id"], code=None, error="interrupted by a runner restart",
+                                 shown=text)
+        elif not any(e["type"] == "cell" for e in events[last + 1:]) and \
+                fenced_code(events[last].get("text") or ""):
+            agent.record("cell", call_id=None, code=None, error="interrupted by a runner restart", shown=text)
 
     def _turn(self, agent: Agent) -> None:
         s = agent.session

@@ -1,0 +1,106 @@
+"""kill -9 of the runner at any moment loses nothing (files are the truth)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from conftest import configure, run_once
+
+from primefs import mail
+from primefs.goals import write_goal
+from primefs.history import iter_events
+from primefs.session import list_sessions
+
+pytestmark = pytest.mark.slow
+
+
+def start_runner(ws):
+    return subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def wait_for(pred, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def assert_history_clean(s):
+    events = list(iter_events(s.dir / "history.jsonl"))
+    assert [e["n"] for e in events] == list(range(len(events)))  # nothing torn, nothing twice
+    raw = (s.dir / "history.jsonl").read_bytes()
+    assert raw.endswith(b"\n")
+    return events
+
+
+def test_sigkill_during_a_long_cell_then_resume(ws):
+    (ws.root / "s.yaml").write_text(
+        "rules:\n"
+        "  - match: '^Long'\n"
+        "    replies:\n"
+        "      - code: \"v = 41\\nimport time\\ntime.sleep(60)\"\n"
+        "      - code: \"print('v' in dir())\"\n"
+        "      - text: recovered\n")
+    ws = configure(ws, model="scripted/s.yaml")
+    write_goal(ws, "Long job", name="long")
+    proc = start_runner(ws)
+    try:
+        wait_for(lambda: any(s.events("assistant") for s in list_sessions(ws.sessions)))
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = list_sessions(ws.sessions)[0]
+    assert s.reload()["status"] == "running"
+    # a torn line and a stale index.lock, as a kill can leave them
+    with open(s.dir / "history.jsonl", "ab") as f:
+        f.write(b'{"ts": 1, "type": "cell", "half')
+    (ws.root / ".git" / "index.lock").write_text("")
+    run_once(ws)
+    assert s.reload()["status"] == "idle" and s.read_result() == "recovered"
+    events = assert_history_clean(s)
+    cells = [e for e in events if e["type"] == "cell"]
+    assert "interrupted" in cells[0]["shown"] and cells[1]["output"] == "False\n"  # variables were gone
+    assert any(e["type"] == "notice" and "runner restarted" in e["text"] for e in events)
+    assert not (ws.root / ".git" / "index.lock").exists()
+    st = subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain", "sessions"], capture_output=True,
+                        text=True).stdout
+    assert st == ""  # committed after recovery
+
+
+def test_sigkill_during_a_burst_of_200_mail_deliveries(ws):
+    (ws.root / "s.yaml").write_text("default:\n" + "".join(f"  - text: reply {i}\n" for i in range(400)))
+    ws = configure(ws, model="scripted/s.yaml")
+    write_goal(ws, "Inbox", name="inbox")
+    run_once(ws)
+    s = list_sessions(ws.sessions)[0]
+    proc = start_runner(ws)
+    ids = []
+    try:
+        time.sleep(2)
+        for i in range(200):
+            ids.append(mail.deliver(s.mail, sender="user", to=s.id, kind="user", text=f"message {i}").id)
+            if i == 120:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run_once(ws)
+    events = assert_history_clean(s)
+    seen = Counter(e["id"] for e in events if e["type"] == "message")
+    assert set(seen) == set(ids) and max(seen.values()) == 1  # every message once, none twice
+    assert mail.new_files(s.mail) == [] and mail.unacked(s.mail) == []
+    turns = [e for e in events if e["type"] == "turn_start"]
+    assert 1 < len(turns) <= 201  # a message never starts two turns (several may share one)
+    assert s.reload()["status"] == "idle"
