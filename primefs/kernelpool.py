@@ -36,6 +36,10 @@ class KernelPool:
         if self.size:
             self._thread.start()
 
+    def ready_count(self) -> int:
+        with self._cond:
+            return len(self._ready)
+
     def notify(self) -> None:
         """Something changed (e.g. a session went idle with a kernel): waiting takers look again."""
         with self._cond:

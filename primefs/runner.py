@@ -26,10 +26,12 @@ from .plugins import end_conditions, plugin_manager, provider_for, providers
 from .providers.base import ModelError, ModelReply
 from .rpc import RpcServer
 from .services import FINISHED, KernelServices
+from .fsutil import write_atomic
 from .session import Session, create_session, list_sessions
 from .workspace import Workspace
 
 RESCAN_S = 5.0
+STATE_S = 2.0  # how often .primefs/runner.json is refreshed
 STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and removes it
 
 
@@ -86,7 +88,9 @@ class Runner:
     # -- lifecycle --------------------------------------------------------------------------------
     def run(self, once: bool = False) -> None:
         self.lock = RunnerLock(self.ws)
+        self.started_at = time.time()
         observer = None
+        self._handle_sigterm()
         try:
             self.committer = Committer(self.ws.root)
             self.rpc = RpcServer(self.ws.runtime / "rpc.sock", self.services.handle)
@@ -95,11 +99,15 @@ class Runner:
             self.scan()
             if not once:
                 observer = self._watch()
-            last_scan = time.monotonic()
+            last_scan = last_state = time.monotonic()
+            self.write_state()
             while True:
                 if not once and time.monotonic() - last_scan > RESCAN_S:
                     self.scan()  # watchdog events are hints; the listing is the truth
                     last_scan = time.monotonic()
+                if time.monotonic() - last_state > STATE_S:
+                    self.write_state()
+                    last_state = time.monotonic()
                 with self.cond:
                     self._dispatch()
                     done = once and not self.work and not self.active
@@ -119,6 +127,39 @@ class Runner:
             if observer is not None:
                 observer.stop()
             self._shutdown()
+
+    def _handle_sigterm(self) -> None:
+        """`primefs down` sends SIGTERM: stop like Ctrl-C (sessions left resumable)."""
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+
+    def write_state(self) -> None:
+        """.primefs/runner.json: what `primefs runner` shows (pid, since, kernels, memory)."""
+        import json
+
+        with self.cond:
+            kernels = sum(1 for a in self.agents.values() if a.kernel is not None) + (
+                self.pool.ready_count() if self.pool else 0)
+            state = {"pid": os.getpid(), "started": self.started_at, "updated": time.time(),
+                     "active_sessions": sorted(self.active), "waiting_sessions": sorted(self.waiting),
+                     "queued_sessions": sorted(self.work), "live_kernels": kernels,
+                     "kernel_pids": self._kernel_pids()}
+        try:
+            write_atomic(self.ws.state / "runner.json", json.dumps(state, indent=1), durable=False)
+        except OSError:
+            pass
+
+    def _kernel_pids(self) -> list[int]:
+        pids = []
+        for a in self.agents.values():
+            km = a.kernel.km if a.kernel is not None else None
+            prov = getattr(km, "provisioner", None) if km is not None else None
+            pid = getattr(getattr(prov, "process", None), "pid", None)
+            if pid:
+                pids.append(pid)
+        return pids
 
     def stop(self) -> None:
         """Ask a running `run()` to return (from another thread)."""
@@ -143,6 +184,10 @@ class Runner:
                 self.log(f"warning: git commit failed: {err}")
         if self.rpc:
             self.rpc.close()
+        try:
+            (self.ws.state / "runner.json").unlink()
+        except (FileNotFoundError, AttributeError):
+            pass
         if self.lock:
             self.lock.release()
 
