@@ -6,7 +6,9 @@ import time
 from typing import TYPE_CHECKING
 
 from .conversation import code_of_call, fenced_code, rebuild, to_messages
+from .errors import PrimefsError
 from .goalctl import BudgetExhausted
+from .harness import Harness, render_for_prompt
 from .kernel import CellResult, Kernel, cut
 from .prompt import system_prompt
 from .providers.base import PYTHON_TOOL, ModelError
@@ -51,6 +53,7 @@ class Agent:
         self.done_answer: str | None = None
         self.stop_requested = False
         self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
+        self.pending_refine: dict | None = None  # refine() asked for during the turn, done at its end
 
     # -- state ------------------------------------------------------------------------------------
     def record(self, type: str, **fields) -> dict:
@@ -91,15 +94,31 @@ class Agent:
             self.kernel.shutdown()
             self.kernel = None
 
+    def system_prompt(self) -> str:
+        """Rebuilt at every turn boundary, so harness changes (by agents or by hand) apply next turn."""
+        meta = self.session.meta
+        chain = self.runner.chain(self.session.id)
+        harness = Harness(self.runner.ws)
+        role = None
+        if meta.get("agent"):
+            try:
+                spec = harness.get("agent", meta["agent"], sessions=chain)
+            except PrimefsError as exc:
+                spec, role = None, f"(the subagent spec {meta['agent']!r} is broken: {exc})"
+            if spec is not None:
+                role = spec.body
+        entries = harness.list(sessions=chain)
+        return system_prompt(root=self.runner.ws.root, tool_mode=self.tool_mode, limits=self.limits,
+                             context_paths=list(meta.get("context") or []), context_data=meta.get("context_data"),
+                             role=role, harness=render_for_prompt(entries, int(self.limits["memory_prompt_chars"])))
+
     # -- one turn ---------------------------------------------------------------------------------
     def run_turn(self) -> str:
         """Run until a reply without code, done(), an error or the step limit. Returns the outcome."""
         self.ensure_conversation()
         self.ensure_kernel()
         self.done_answer = None
-        system = system_prompt(root=self.runner.ws.root, tool_mode=self.tool_mode, limits=self.limits,
-                               context_paths=list(self.session.meta.get("context") or []),
-                               context_data=self.session.meta.get("context_data"))
+        system = self.system_prompt()
         tools = [PYTHON_TOOL] if self.tool_mode == "native" else None
         max_steps = int(self.limits["max_steps_per_turn"])
         for _ in range(max_steps):

@@ -184,13 +184,15 @@ def tree_order(index: UsageIndex) -> list[str]:
 
 
 def goal_problems(ws) -> list[str]:
-    """Goals not yet picked up: waiting, or broken (with file and line)."""
+    """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line)."""
     from .plugins import end_conditions, plugin_manager
     from .session import list_sessions
 
+    from .harness import Harness
+
     taken = {s.meta.get("goal") for s in list_sessions(ws.sessions)}
     conditions = None
-    problems = []
+    problems = [f"error: harness file skipped: {e.problem}" for e in Harness(ws).list(all_sessions=True) if e.problem]
     for path in goal_files(ws):
         rel = path.relative_to(ws.root).as_posix()
         if rel in taken:
@@ -351,6 +353,22 @@ def stop(ctx, session, tree):
     s = find_session(ws.sessions, session)
     for sid, how in request_stop(ws, s.id, tree=tree):
         click.echo(f"{sid}: {how}")
+
+
+from .cli_harness import harness_group, refine_cmd  # noqa: E402
+
+main.add_command(harness_group)
+main.add_command(refine_cmd)
+
+from .daemon import up, down, runner_cmd  # noqa: E402
+from .live import attach, agents, follow_log  # noqa: E402
+
+main.add_command(up)
+main.add_command(down)
+main.add_command(runner_cmd)
+main.add_command(attach)
+main.add_command(agents)
+main.add_command(follow_log)
 
 
 if __name__ == "__main__":

@@ -48,13 +48,18 @@ def git(root: Path, *args: str, check: bool = True, input: str | None = None) ->
                           env=git_env(), input=input)
 
 
+# Harness files get their own commits with provenance trailers (harness.py), never a turn commit.
+EXCLUDE = (":(exclude,glob)sessions/*/harness/**",)
+
+
 def commit_paths(root: Path, paths: list[str], message: str) -> bool:
     """Stage and commit exactly these paths (never what else the user staged). False if nothing changed."""
+    spec = [*paths, *EXCLUDE]
     with commit_lock(root):
-        git(root, "add", "-A", "--", *paths)
-        if git(root, "diff", "--cached", "--quiet", "--", *paths, check=False).returncode == 0:
+        git(root, "add", "-A", "--", *spec)
+        if git(root, "diff", "--cached", "--quiet", "--", *spec, check=False).returncode == 0:
             return False
-        git(root, "commit", "-q", "--no-verify", "-m", message, "--", *paths)
+        git(root, "commit", "-q", "--no-verify", "-m", message, "--", *spec)
         return True
 
 

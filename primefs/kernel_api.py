@@ -5,8 +5,11 @@ every model call and every state change goes to the runner over its socket.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,9 +82,80 @@ class Handle:
         self._link("send", to=self.id, text=str(text))
 
 
+class HarnessAPI:
+    """Notes, memories, skills and subagent specs: files under harness/ (or this session's harness/),
+    each change one git commit. Changes show in the system prompt from the next turn on."""
+
+    def __init__(self, link: _Link):
+        self._link = link
+
+    def put(self, kind: str, name: str, body: str, *, scope: str = "global", description: str | None = None,
+            **fields) -> str:
+        """Create or update an entry (kind: note, memory, skill, agent); returns the commit id.
+        For a skill, pass its Python as files={"module.py": code}."""
+        return self._link("harness_put", kind=kind, name=name, body=body, scope=scope,
+                          description=description, fields=fields)
+
+    def get(self, kind: str, name: str) -> dict | None:
+        """The entry this session sees (its own, an ancestor's, else global): a dict, or None."""
+        return self._link("harness_get", kind=kind, name=name)
+
+    def list(self, kind: str | None = None) -> list[dict]:
+        return self._link("harness_list", kind=kind)
+
+    def delete(self, kind: str, name: str, *, scope: str = "global") -> str:
+        return self._link("harness_delete", kind=kind, name=name, scope=scope)
+
+
+class SkillsModule(types.ModuleType):
+    """`from skills import csv_stats` loads harness/skills/csv-stats/ (nearest session first).
+
+    The skill's module is `__init__.py`, `<name>.py`, `skill.py` or its only .py file; it is loaded
+    again when the file changed, so edits apply without restarting the kernel."""
+
+    def __init__(self, dirs: list[str]):
+        super().__init__("skills", "Skills from the primefs harness: `from skills import <name>`.")
+        self.__path__ = []  # a namespace-like package: submodules are resolved by __getattr__
+        self._dirs = [Path(d) for d in dirs]
+        self._loaded: dict[str, tuple[float, types.ModuleType]] = {}
+
+    def __dir__(self):
+        names = {p.name.replace("-", "_") for d in self._dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
+        return sorted(names)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        folder = next((d / attr.replace("_", "-") for d in self._dirs if (d / attr.replace("_", "-")).is_dir()), None)
+        if folder is None:
+            raise AttributeError(f"no skill {attr.replace('_', '-')!r} in the harness (see harness.list('skill'))")
+        pys = sorted(folder.glob("*.py"))
+        pick = next((folder / n for n in ("__init__.py", f"{attr}.py", "skill.py") if (folder / n).is_file()),
+                    pys[0] if len(pys) == 1 else None)
+        if pick is None:
+            raise AttributeError(f"skill {folder.name!r} has no Python module (__init__.py, {attr}.py or skill.py)")
+        mtime = pick.stat().st_mtime
+        cached = self._loaded.get(attr)
+        if cached and cached[0] == mtime:
+            return cached[1]
+        spec = importlib.util.spec_from_file_location(f"skills.{attr}", pick,
+                                                      submodule_search_locations=[str(folder)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[f"skills.{attr}"] = module
+        spec.loader.exec_module(module)
+        self._loaded[attr] = (mtime, module)
+        return module
+
+
 def setup(ns: dict, sock: str, token: str, session_id: str, context_paths: list[str],
-          context_data: str | None = None) -> None:
+          context_data: str | None = None, skill_dirs: list[str] | None = None) -> None:
     link = _Link(sock, token)
+    sys.modules["skills"] = SkillsModule(skill_dirs or [])
+
+    def refine(instructions: str | None = None, scope: str = "global") -> str:
+        """Ask for one refinement of the harness from this session's recent events, applied when
+        this turn ends (one model call proposes edits; valid ones are committed with provenance)."""
+        return link("refine", instructions=instructions, scope=scope)
 
     def done(answer) -> None:
         """Finish: `answer` becomes the session's result; no further model call this turn.
@@ -133,5 +207,5 @@ def setup(ns: dict, sock: str, token: str, session_id: str, context_paths: list[
         return Message(**link("recv", timeout=timeout))
 
     ns.update(context=load_context(context_paths, context_data), done=done, llm=llm, llm_batch=llm_batch,
-              rlm=rlm, wait_all=wait_all, goal_status=goal_status, send=send, inbox=inbox, recv=recv, Handle=Handle,
+              rlm=rlm, wait_all=wait_all, goal_status=goal_status, harness=HarnessAPI(link), refine=refine, send=send, inbox=inbox, recv=recv, Handle=Handle,
               ChildFailed=ChildFailed, SESSION_ID=session_id)

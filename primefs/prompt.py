@@ -28,7 +28,11 @@ returns its answer (raises `ChildFailed` if it failed); `wait_all(handles)`; `h.
 - `send(to, text)`: mail "parent", "children", "all", a child's name or a session id. `inbox()` returns \
 unread messages; `recv(timeout=None)` waits for one. Mail that arrives while you work is shown to you.
 - `done(answer)`: record `answer` as your final result and end the turn after this cell. \
-`goal_status()`: your goal, budgets used and left, end-condition results."""
+`goal_status()`: your goal, budgets used and left, end-condition results.
+- `harness.put(kind, name, body, scope="global", description=None)`, `harness.get/list/delete`: keep \
+notes, memories, skills and subagent specs (kind: note, memory, skill, agent) for later turns and \
+sessions. `from skills import <name>` imports a skill's Python; `rlm(task, agent="<spec>")` starts a \
+child in that role. `refine(instructions=None)`: improve the harness from this session, at turn end."""
 
 
 def describe_context(root: Path, paths: list[str], data: str | None = None) -> str:
@@ -63,7 +67,8 @@ def describe_context(root: Path, paths: list[str], data: str | None = None) -> s
 
 
 def system_prompt(*, root: Path, tool_mode: str, limits: dict, context_paths: list[str],
-                  context_data: str | None = None, role: str | None = None) -> str:
+                  context_data: str | None = None, role: str | None = None, harness: str = "") -> str:
+    """base, AGENTS.md, the harness (notes, memories, skills, subagents), the role, the kernel API."""
     parts = [BASE.format(how_to_run=HOW_NATIVE if tool_mode == "native" else HOW_FENCED,
                          output_chars=limits["output_chars"], cell_timeout_s=limits["cell_timeout_s"])]
     agents = root / "AGENTS.md"
@@ -71,6 +76,8 @@ def system_prompt(*, root: Path, tool_mode: str, limits: dict, context_paths: li
         text = agents.read_text(encoding="utf-8", errors="replace").strip()
         if text:
             parts.append(text)
+    if harness.strip():
+        parts.append(harness.strip())
     if role:
         parts.append(f"## Your role\n{role.strip()}")
     parts.append(KERNEL_API.format(context_desc=describe_context(root, context_paths, context_data)))

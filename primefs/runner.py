@@ -33,6 +33,7 @@ from .workspace import Workspace
 RESCAN_S = 5.0
 STATE_S = 2.0  # how often .primefs/runner.json is refreshed
 STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and removes it
+REFINE_FILE = "refine.request"  # written by `primefs refine` while a runner runs
 
 
 class RunnerLock:
@@ -76,6 +77,7 @@ class Runner:
         self.idle_kernels: OrderedDict[str, None] = OrderedDict()  # idle sessions holding a kernel, oldest first
         self.result_mail: dict[str, dict[str, list[mail.Message]]] = {}  # parent -> child -> result mail sent
         self.claimed_goals: set[str] = set()
+        self.harness_dirty = True  # hand edits of harness files may wait to be committed
         self.reported_goals: dict[str, float] = {}
         self.cond = threading.Condition()
         self.stopping = False
@@ -178,6 +180,8 @@ class Runner:
         shutdown_all([k for k in (a.release_kernel() for a in list(self.agents.values())) if k is not None])
         if self.pool:
             self.pool.close()
+        self.harness_dirty = True
+        self.commit_hand_edits()
         if self.committer:
             self.committer.close()
             for err in self.committer.errors:
@@ -209,6 +213,7 @@ class Runner:
 
         observer = Observer()
         observer.schedule(Hint(), str(self.ws.goals), recursive=False)
+        observer.schedule(Hint(), str(self.ws.harness), recursive=True)
         observer.schedule(Hint(), str(self.ws.sessions), recursive=True)
         observer.daemon = True
         observer.start()
@@ -226,8 +231,20 @@ class Runner:
             self.check_mail(rel[1])
         elif len(rel) == 3 and rel[0] == "sessions" and rel[2] == STOP_FILE:
             self.apply_stop(rel[1])
+        elif len(rel) == 3 and rel[0] == "sessions" and rel[2] == REFINE_FILE:
+            self.apply_refine_request(rel[1])
+        elif rel[:1] == ("harness",) or (len(rel) > 2 and rel[0] == "sessions" and rel[2] == "harness"):
+            self.harness_dirty = True
 
     # -- finding work -----------------------------------------------------------------------------
+    def load_tree(self) -> None:
+        """The family tree from every session.yaml (for budgets, harness lookups, refine)."""
+        for s in list_sessions(self.ws.sessions):
+            try:
+                self._link(s.id, s.meta.get("parent"))
+            except PrimefsError:
+                pass
+
     def recover(self) -> None:
         """Start-up: the family tree, which goals are taken, which sessions were cut off, which mail waits."""
         for s in list_sessions(self.ws.sessions):
@@ -253,7 +270,10 @@ class Runner:
         for s in list_sessions(self.ws.sessions):
             if (s.dir / STOP_FILE).exists():
                 self.apply_stop(s.id)
-            elif mail.new_files(s.mail):
+                continue
+            if (s.dir / REFINE_FILE).exists():
+                self.apply_refine_request(s.id)
+            if mail.new_files(s.mail):
                 self.check_mail(s.id)
 
     def scan_goals(self) -> None:
@@ -312,6 +332,15 @@ class Runner:
             t.start()
 
     # -- turns ------------------------------------------------------------------------------------
+    def chain(self, sid: str) -> list[str]:
+        """The session and its ancestors, nearest first (what its harness lookups see)."""
+        out = []
+        with self.cond:
+            while sid and sid not in out:
+                out.append(sid)
+                sid = self.parents.get(sid)
+        return out
+
     def session(self, sid: str) -> Session:
         with self.cond:
             if sid not in self.sessions:
@@ -407,17 +436,67 @@ class Runner:
         self.log(f"{s.id} ({s.name}): turn {turn} started")
         started = time.monotonic()
         outcome = agent.run_turn()
+        if agent.pending_refine:
+            request, agent.pending_refine = agent.pending_refine, None
+            self.perform_refine(agent, **request)
         agent.pending_notice = self.goals.after_turn(agent, outcome)
         agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=round(time.monotonic() - started, 4),
                      status=s.status, stop_reason=s.meta.get("stop_reason"))
         self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
         self._report_to_parent(s, turn)
+        self.commit_hand_edits()
         paths = [f"sessions/{s.id}"]
         goal = s.meta.get("goal")
         if goal and (self.ws.root / goal).exists():
             paths.append(goal)
         for p in paths:
             self.committer.request(p, f"session {s.id} ({s.name}): turn {turn} {outcome}")
+
+    def perform_refine(self, agent: Agent, instructions: str | None = None, scope: str = "global",
+                       model: str | None = None) -> dict:
+        """One refinement of the harness from this session (see refine.py); recorded in its history."""
+        from .refine import refine
+
+        settings = self.ws.resolve_model(model) if model else None
+        try:
+            result = refine(self.ws, agent.session, chain=self.chain(agent.session.id), instructions=instructions,
+                            scope=scope, max_events=int(agent.limits["refine_events"]),
+                            complete=lambda msgs: self.complete(agent, msgs, None, purpose="refine", settings=settings))
+        except Exception as exc:  # a failed refinement must not fail the session
+            result = {"applied": [], "rejected": [], "error": f"{type(exc).__name__}: {exc}"}
+        agent.record("refine", instructions=instructions, scope=scope, **result)
+        self.log(f"{agent.session.id}: refine: {len(result['applied'])} applied, {len(result['rejected'])} rejected"
+                 + (f", error: {result['error']}" if result.get("error") else ""))
+        return result
+
+    def commit_hand_edits(self) -> None:
+        """Harness files a person edited are committed as `Primefs-Source: user` at turn boundaries."""
+        with self.cond:
+            dirty, self.harness_dirty = self.harness_dirty, False
+        if dirty:
+            from .harness import commit_user_edits
+
+            try:
+                commit_user_edits(self.ws)
+            except Exception as exc:
+                self.log(f"warning: could not commit hand edits of the harness: {exc}")
+
+    def apply_refine_request(self, sid: str) -> None:
+        """`primefs refine` while this runner runs: it leaves a request file; the runner does the work."""
+        import json
+
+        path = self.ws.sessions / sid / REFINE_FILE
+        try:
+            request = json.loads(path.read_text())
+            path.unlink()
+        except (OSError, ValueError):
+            return
+        agent = self.agent(sid)
+        with self.cond:
+            if sid in self.active:
+                agent.pending_refine = request
+                return
+        threading.Thread(target=self.perform_refine, args=(agent,), kwargs=request, daemon=True).start()
 
     def _report_to_parent(self, s: Session, turn: int | None) -> None:
         """A child's turn ended: its result (or error) goes to the parent's mail as `kind: result`."""
@@ -605,10 +684,12 @@ class Runner:
     def kernel_for(self, agent: Agent) -> Kernel:
         meta = agent.session.meta
         ctx = list(meta.get("context") or [])
+        skill_dirs = [str(self.ws.sessions / s / "harness" / "skills") for s in self.chain(agent.session.id)]
+        skill_dirs.append(str(self.ws.harness / "skills"))
         bootstrap = (
             "import primefs.kernel_api as _primefs\n"
             f"_primefs.setup(get_ipython().user_ns, {str(self.rpc.path)!r}, {agent.token!r}, "
-            f"{agent.session.id!r}, {ctx!r}, {meta.get('context_data')!r})\n"
+            f"{agent.session.id!r}, {ctx!r}, {meta.get('context_data')!r}, {skill_dirs!r})\n"
             "del _primefs")
         kernel, agent.kernel_via = self.pool.take(bootstrap, reclaim=self._reclaim_idle_kernel)
         return kernel

@@ -81,9 +81,20 @@ class KernelServices:
             raise PrimefsError("rlm(): the task is empty")
         n = len(self.runner.children.get(parent.id, [])) + 1
         name = check_name(name, "child name") if name else f"{parent.name}.{n}"
+        explicit_model = model
         model = model or parent.meta["model"]
+        extra = {}
+        if agent_spec:  # a subagent spec: its body is the child's role, its model the default
+            spec = self._harness().get("agent", check_name(agent_spec, "subagent spec"),
+                                       sessions=self.runner.chain(parent.id))
+            if spec is None:
+                raise PrimefsError(f"rlm(agent={agent_spec!r}): no such subagent spec in the harness "
+                                   "(harness/agents/<name>.md)")
+            spec_model = spec.meta.get("model")
+            if not explicit_model and spec_model and spec_model != "inherit":
+                model = str(spec_model)
+            extra["agent"] = agent_spec
         self.ws.resolve_model(model)  # unknown model: error in the cell, nothing created
-        extra = {"agent": agent_spec} if agent_spec else {}
         if parent.meta.get("limits"):
             extra["limits"] = parent.meta["limits"]
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
@@ -117,6 +128,38 @@ class KernelServices:
                               f"{meta.get('error') or meta.get('stop_reason')}")
         return result
 
+    # -- harness ----------------------------------------------------------------------------------
+    def _harness(self):
+        from .harness import Harness
+
+        return Harness(self.ws)
+
+    def op_harness_put(self, agent, kind, name, body, scope="global", description=None, fields=None) -> str | None:
+        fields = dict(fields or {})
+        files = fields.pop("files", None)
+        sha = self._harness().put(kind, name, body, scope=scope, session=agent.session.id, description=description,
+                                  source="agent", files=files, **fields)
+        agent.record("harness", op="put", kind=kind, name=name, scope=scope, commit=sha)
+        return sha
+
+    def op_harness_get(self, agent, kind, name) -> dict | None:
+        e = self._harness().get(kind, name, sessions=self.runner.chain(agent.session.id))
+        return None if e is None else _entry(e, body=True)
+
+    def op_harness_list(self, agent, kind=None) -> list[dict]:
+        return [_entry(e) for e in self._harness().list(kind, sessions=self.runner.chain(agent.session.id))]
+
+    def op_harness_delete(self, agent, kind, name, scope="global") -> str | None:
+        sha = self._harness().delete(kind, name, scope=scope, session=agent.session.id, source="agent")
+        agent.record("harness", op="delete", kind=kind, name=name, scope=scope, commit=sha)
+        return sha
+
+    def op_refine(self, agent, instructions=None, scope="global") -> str:
+        if scope not in ("global", "session"):
+            raise PrimefsError("refine(scope=...) is 'global' or 'session'")
+        agent.pending_refine = {"instructions": instructions, "scope": scope}
+        return "refinement scheduled for the end of this turn"
+
     # -- mail -------------------------------------------------------------------------------------
     def op_send(self, agent, to: str, text: str) -> int:
         targets = self.runner.resolve_targets(agent.session, to)
@@ -138,6 +181,15 @@ class KernelServices:
             if left is not None and left <= 0:
                 raise TimeoutError(f"no message within {timeout} s")
             self.runner.wait_mail(agent.session.id, 0.5 if left is None else min(0.5, left))
+
+
+def _entry(e, body: bool = False) -> dict:
+    """A harness Entry as plain JSON data (front matter may hold ruamel types and dates)."""
+    d = {"kind": e.kind, "name": e.name, "scope": e.scope, "session": e.session, "path": e.path,
+         "description": e.description, "problem": e.problem}
+    if body:
+        d.update(body=e.body, meta=json.loads(json.dumps(e.meta, default=str)), files=list(e.files))
+    return d
 
 
 def _msg(m: mail.Message) -> dict:

@@ -29,6 +29,8 @@ DEFAULT_LIMITS = {
     "max_idle_kernels": 8,
     "kernel_pool": 2,
     "llm_batch_concurrency": 8,
+    "memory_prompt_chars": 4000,
+    "refine_events": 60,
 }
 TOOL_MODES = ("native", "fenced")
 

@@ -275,3 +275,34 @@ def test_stop_interrupts_a_running_session(ws, server):
             time.sleep(0.05)
         assert s.reload()["status"] == "stopped" and time.monotonic() - started < 10
     assert s.read_result() is None and len(server.requests) == 1
+
+
+def test_mail_arriving_mid_turn_is_shown_before_the_next_model_call(ws, server):
+    parent = {"match": "^Nudge", "replies": [
+        {"code": "h = rlm('Busy child', name='busy')\nm = recv(timeout=30)\nh.send('extra info')\nprint(h.wait())"},
+        {"text": "nudged"}]}
+    child = {"match": "^Busy", "replies": [
+        {"code": "send('parent', 'started')\nimport time\ntime.sleep(2)"}, {"text": "child saw it"}]}
+    server.set_script({"rules": [parent, child]})
+    ws = use_server(ws, server)
+    write_goal(ws, "Nudge a busy child", name="nudger")
+    run_once(ws)
+    busy = by_name(ws)["busy"]
+    assert len(busy.events("turn_start")) == 1  # no second turn: shown within the running turn
+    child_requests = [r for r in server.requests if r["messages"][1]["content"] == "Busy child"]
+    assert f"[message from {by_name(ws)['nudger'].id}]\nextra info" in \
+        [m.get("content") for m in child_requests[-1]["messages"]]
+    assert outputs(by_name(ws)["nudger"])[0] == "child saw it\n"
+
+
+def test_llm_batch_keeps_order(ws, server):
+    rules = [{"match": f"^item {i}$", "replies": [{"text": f"answer {i}"}]} for i in range(6)]
+    rules.append({"match": "^Batch", "replies": [
+        {"code": "print(llm_batch([f'item {i}' for i in range(6)]))"}, {"text": "ok"}]})
+    server.set_script({"rules": rules})
+    ws = use_server(ws, server)
+    write_goal(ws, "Batch it", name="batch")
+    run_once(ws)
+    s = by_name(ws)["batch"]
+    assert outputs(s)[0] == str([f"answer {i}" for i in range(6)]) + "\n"
+    assert [c["purpose"] for c in s.events("model_call")].count("llm_batch") == 6

@@ -1,0 +1,393 @@
+"""The runner in the background: `primefs up`, `primefs down`, `primefs runner`.
+
+Whether a runner runs is decided by its lock (`.primefs/runner.lock`, an flock the kernel drops
+when the process dies), never by a pid file alone: `.primefs/runner.json` (written by the runner
+every couple of seconds) only adds detail, and may be stale after a SIGKILL.
+
+This module does not import `primefs.cli` at import time (cli imports it), so it can be imported
+first; the `-w` option is declared here with the same behaviour as `cli.ws_option`.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from .errors import PrimefsError
+
+LOG_NAME = "runner.log"
+UP_TIMEOUT_S = 60.0
+DOWN_TIMEOUT_S = 30.0
+
+
+# -- shared with cli.py ---------------------------------------------------------------------------
+def _set_workspace(ctx, param, value):
+    from .cli import _set_workspace as set_ws
+
+    return set_ws(ctx, param, value)
+
+
+# Same option as cli.ws_option (`-w` before or after the subcommand), declared here so this module
+# never needs cli at import time.
+ws_option = click.option("-w", "--workspace", metavar="DIR", expose_value=False, callback=_set_workspace,
+                         is_eager=True, help="Workspace folder (see `primefs --help`).")
+
+
+def workspace(ctx: click.Context):
+    from .workspace import find_workspace
+
+    return find_workspace((ctx.obj or {}).get("workspace"))
+
+
+# -- the lock and the state file --------------------------------------------------------------------
+def lock_path(ws) -> Path:
+    return ws.state / "runner.lock"
+
+
+def state_path(ws) -> Path:
+    return ws.state / "runner.json"
+
+
+def log_path(ws) -> Path:
+    return ws.state / LOG_NAME
+
+
+def lock_held(ws) -> bool:
+    """True if a runner holds `.primefs/runner.lock`. Probes with a non-blocking flock, released at once."""
+    path = lock_path(ws)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases our probe lock, if we got it
+    return False
+
+
+def read_lock_file(ws) -> tuple[int | None, float | None]:
+    """(pid, start time) from the lock file's "<pid> <time>" line; None where unreadable."""
+    try:
+        fields = lock_path(ws).read_text().split()
+    except OSError:
+        return None, None
+    pid = int(fields[0]) if fields and fields[0].isdigit() else None
+    try:
+        started = float(fields[1]) if len(fields) > 1 else None
+    except ValueError:
+        started = None
+    return pid, started
+
+
+def read_state(ws) -> dict | None:
+    try:
+        data = json.loads(state_path(ws).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def runner_state(ws) -> dict:
+    """Everything known about the workspace's runner, from the lock, the lock file and runner.json.
+
+    Keys: running, pid, started, updated, state (runner.json or None). `state` is only returned
+    when it belongs to the running runner (same pid), so a stale file from a killed runner is ignored.
+    """
+    running = lock_held(ws)
+    if not running:
+        return {"running": False, "pid": None, "started": None, "updated": None, "state": None}
+    lock_pid, lock_started = read_lock_file(ws)
+    state = read_state(ws)
+    if state is not None and lock_pid is not None and state.get("pid") != lock_pid:
+        state = None  # stale: from an earlier runner that could not remove it
+    pid = lock_pid if lock_pid is not None else (state or {}).get("pid")
+    started = (state or {}).get("started") or lock_started
+    return {"running": True, "pid": pid, "started": started, "updated": (state or {}).get("updated"),
+            "state": state}
+
+
+# -- memory, from /proc -----------------------------------------------------------------------------
+def proc_memory(pid: int) -> dict | None:
+    """{"rss_kb", "pss_kb"} of a process (pss from smaps_rollup when readable, else None); None if gone."""
+    out: dict = {"rss_kb": None, "pss_kb": None}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                out[key.lower() + "_kb"] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    if out["rss_kb"] is None:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    out["rss_kb"] = int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    return out
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of a process (scans /proc/*/stat)."""
+    kids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return sorted(kids)
+
+
+def _is_kernel(pid: int) -> bool:
+    try:
+        return b"ipykernel" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def memory_report(pid: int, kernel_pids: list[int]) -> dict:
+    """The runner's memory and its kernels': those of sessions (runner.json) and spare ones (children)."""
+    runner = proc_memory(pid) or {"rss_kb": None, "pss_kb": None}
+    session_kernels = [p for p in kernel_pids if isinstance(p, int)]
+    spare = [p for p in child_pids(pid) if p not in session_kernels and _is_kernel(p)]
+    kernels = []
+    for p, role in [(p, "session") for p in session_kernels] + [(p, "spare") for p in spare]:
+        mem = proc_memory(p)
+        if mem is not None:
+            kernels.append({"pid": p, "role": role, **mem})
+
+    def total(key: str, rows: list[dict]) -> int:
+        return sum(r[key] or 0 for r in rows)
+
+    k_rss, k_pss = total("rss_kb", kernels), total("pss_kb", kernels)
+    return {"runner_rss_kb": runner["rss_kb"], "runner_pss_kb": runner["pss_kb"], "kernels": kernels,
+            "kernels_rss_kb": k_rss, "kernels_pss_kb": k_pss,
+            "total_pss_kb": (runner["pss_kb"] or runner["rss_kb"] or 0) + (k_pss or k_rss)}
+
+
+def human_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _mb(kb: int | None) -> str:
+    return "?" if kb is None else f"{kb / 1024:.1f} MB"
+
+
+def _tail(path: Path, since: int = 0, lines: int = 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(since)
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+# -- commands ---------------------------------------------------------------------------------------
+@click.command()
+@click.option("--timeout", type=float, default=UP_TIMEOUT_S, show_default=True, metavar="S",
+              help="Seconds to wait for the runner to report itself ready.")
+@ws_option
+@click.pass_context
+def up(ctx, timeout):
+    """Start the runner in the background (like `primefs run`, detached); its output goes to .primefs/runner.log.
+
+    Waits until the runner has written .primefs/runner.json, then prints its pid. Refuses if a
+    runner already runs in this workspace. Stop it with `primefs down`.
+    """
+    ws = workspace(ctx)
+    ws.state.mkdir(exist_ok=True)
+    if lock_held(ws):
+        pid, _ = read_lock_file(ws)
+        raise PrimefsError(f"a runner is already running in {ws.root}" + (f" (pid {pid})" if pid else "")
+                           + "; see `primefs runner`, stop it with `primefs down`")
+    log = log_path(ws)
+    with open(log, "ab") as f:
+        f.write(f"--- primefs up {datetime.now().isoformat(timespec='seconds')} ---\n".encode())
+        start_offset = f.tell()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run"], cwd=ws.root,
+                                stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        state = read_state(ws)
+        if state is not None and state.get("pid") == proc.pid:
+            break
+        code = proc.poll()
+        if code is not None:
+            tail = _tail(log, start_offset)
+            if tail:
+                click.echo(tail, err=True)
+            raise PrimefsError(f"the runner exited at start (code {code}); its output is in {log}")
+        if time.monotonic() > deadline:
+            raise PrimefsError(f"the runner (pid {proc.pid}) has not reported ready after {timeout:g} s; it is "
+                               f"still running: see {log}, stop it with `primefs down`")
+        time.sleep(0.05)
+    click.echo(f"runner started: pid {proc.pid}, log {log}")
+
+
+@click.command()
+@click.option("--timeout", type=float, default=DOWN_TIMEOUT_S, show_default=True, metavar="S",
+              help="Seconds to wait after SIGTERM before sending SIGKILL.")
+@ws_option
+@click.pass_context
+def down(ctx, timeout):
+    """Stop the background runner: SIGTERM, then SIGKILL after --timeout seconds.
+
+    Sessions that were mid-turn are left resumable: the next runner continues them.
+    """
+    ws = workspace(ctx)
+    if not lock_held(ws):
+        click.echo("no runner is running")
+        return
+    info = runner_state(ws)
+    pid = info["pid"]
+    if not pid or not alive(pid):
+        raise PrimefsError(f"the runner lock {lock_path(ws)} is held but its pid is unknown "
+                           f"({pid or 'none recorded'}); find the process with `fuser {lock_path(ws)}`")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    if _wait_gone(ws, pid, timeout):
+        click.echo(f"runner stopped (pid {pid})")
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if not _wait_gone(ws, pid, 10.0):
+        raise PrimefsError(f"the runner (pid {pid}) did not exit even after SIGKILL")
+    state = read_state(ws)
+    if state is not None and state.get("pid") == pid:  # it could not remove its own state file
+        try:
+            state_path(ws).unlink()
+        except FileNotFoundError:
+            pass
+    click.echo(f"runner killed (pid {pid}) after {timeout:g} s without stopping; "
+               "sessions that were running resume when a runner starts again")
+
+
+def _wait_gone(ws, pid: int, timeout: float) -> bool:
+    """Until the lock is free and the process gone (or not a zombie of ours)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not lock_held(ws) and not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not lock_held(ws) and not alive(pid)
+
+
+def _session_labels(ws, ids: list[str]) -> list[str]:
+    from .session import Session
+
+    out = []
+    for sid in ids:
+        try:
+            name = Session(ws.sessions / sid).meta.get("name")
+        except Exception:
+            name = None
+        out.append(f"{sid} ({name})" if name and name != sid else sid)
+    return out
+
+
+@click.command("runner")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@ws_option
+@click.pass_context
+def runner_cmd(ctx, as_json):
+    """Whether a runner runs here: pid, since when, kernels, sessions at work, memory."""
+    ws = workspace(ctx)
+    info = runner_state(ws)
+    now = time.time()
+    if not info["running"]:
+        if as_json:
+            click.echo(json.dumps({"running": False, "workspace": str(ws.root), "log": str(log_path(ws))}, indent=1))
+        else:
+            click.echo("no runner is running" + ("" if not log_path(ws).exists() else f" (last log: {log_path(ws)})"))
+        return
+    state = info["state"] or {}
+    started = info["started"]
+    pid = info["pid"]
+    out = {
+        "running": True,
+        "workspace": str(ws.root),
+        "pid": pid,
+        "started": started,
+        "started_iso": datetime.fromtimestamp(started).astimezone().isoformat(timespec="seconds") if started else None,
+        "uptime_s": round(now - started, 1) if started else None,
+        "updated": info["updated"],
+        "state_age_s": round(now - info["updated"], 1) if info["updated"] else None,
+        "live_kernels": state.get("live_kernels"),
+        "kernel_pids": state.get("kernel_pids") or [],
+        "active_sessions": state.get("active_sessions") or [],
+        "waiting_sessions": state.get("waiting_sessions") or [],
+        "queued_sessions": state.get("queued_sessions") or [],
+        "memory": memory_report(pid, state.get("kernel_pids") or []) if pid else None,
+        "log": str(log_path(ws)),
+    }
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+        return
+    since = (f"{datetime.fromtimestamp(started):%Y-%m-%d %H:%M:%S} ({out['started_iso']}), "
+             f"up {human_age(out['uptime_s'])}") if started else "?"
+    lines = [f"runner: running, pid {pid}", f"since: {since}"]
+    if not info["state"]:
+        lines.append("state: .primefs/runner.json not written yet (the runner is starting)")
+    else:
+        lines.append(f"state: updated {human_age(out['state_age_s'])} ago")
+        lines.append(f"live kernels: {out['live_kernels']}")
+        for key in ("active", "waiting", "queued"):
+            ids = out[f"{key}_sessions"]
+            lines.append(f"{key} sessions: {len(ids)}" + (f": {', '.join(_session_labels(ws, ids))}" if ids else ""))
+    mem = out["memory"]
+    if mem:
+        runner_mem = f"runner {_mb(mem['runner_rss_kb'])} RSS"
+        if mem["runner_pss_kb"] is not None:
+            runner_mem += f" ({_mb(mem['runner_pss_kb'])} PSS)"
+        n_spare = sum(1 for k in mem["kernels"] if k["role"] == "spare")
+        kernels = (f"{len(mem['kernels'])} kernel(s) ({n_spare} spare) {_mb(mem['kernels_pss_kb'])} PSS, "
+                   f"{_mb(mem['kernels_rss_kb'])} RSS")
+        lines.append(f"memory: {runner_mem}; {kernels}; total {_mb(mem['total_pss_kb'])} PSS")
+    lines.append(f"log: {out['log']}")
+    click.echo("\n".join(lines))
