@@ -74,7 +74,8 @@ class Agent:
     def ensure_kernel(self) -> None:
         if self.kernel is not None and self.kernel.is_alive():
             return
-        lost = self.kernel is not None or self.kernel_lost
+        # a kernel of an earlier turn is gone: died, taken back while idle, or an earlier runner's
+        lost = self.kernel is not None or self.kernel_lost or self.turns > 1
         if self.kernel is not None:
             self.kernel.shutdown()
         self.kernel = self.runner.kernel_for(self)
@@ -124,6 +125,8 @@ class Agent:
         for _ in range(max_steps):
             if self.stop_requested:
                 return self.stopped()
+            if self.runner.stopping:  # Ctrl-C / primefs down: resumed (with a notice) by the next runner
+                return "interrupted"
             self.runner.take_mail(self)  # mail that arrived meanwhile is shown before the next call
             try:
                 reply = self.runner.complete(self, [{"role": "system", "content": system}, *self.messages],
@@ -154,7 +157,7 @@ class Agent:
                 if res.restarted:
                     self.record("kernel", event="restarted", reason="died or would not stop")
                 self.record("cell", call_id=call_id, code=code, output=cut(res.output, int(self.limits["output_chars"])),
-                            error=res.error, timed_out=res.timed_out, restarted=res.restarted,
+                            error=cut(res.error, int(self.limits["output_chars"])) if res.error else None, timed_out=res.timed_out, restarted=res.restarted,
                             elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
             if self.done_answer is not None:
                 return self.finish(self.done_answer, "done")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 
 from .fsutil import write_atomic
+from .mail import deliver
 from .runner import STOP_FILE
 from .session import Session, list_sessions
 from .workspace import Workspace
@@ -42,6 +43,10 @@ def request_stop(ws: Workspace, sid: str, tree: bool = False) -> list[tuple[str,
                 out.append((t, "stop requested (the runner applies it)"))
             else:
                 s.set_status("stopped", stop_reason="stopped")
+                parent = s.meta.get("parent")
+                if parent:  # as the runner does: the parent learns of it by mail
+                    deliver(ws.sessions / parent / "mail", sender=t, to=parent, kind="result",
+                            text="(no result: stopped)", extra={"child": t, "name": s.name, "status": "stopped"})
                 out.append((t, "stopped"))
         if not runner_running:
             fcntl.flock(lock, fcntl.LOCK_UN)

@@ -37,11 +37,23 @@ def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
     pm.register(BuiltinProviders(), name="primefs.builtin")
     pm.register(BuiltinEndConditions(), name="primefs.builtin-end-conditions")
     if os.environ.get("PRIMEFS_LOAD_PLUGINS", "1") != "0":
-        pm.load_setuptools_entrypoints("primefs")
+        _load_entry_points(pm)
         if workspace_root is not None:
             for path in sorted((Path(workspace_root) / "plugins").glob("*.py")):
                 _load_file(pm, path)
     return pm
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> None:
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="primefs"):
+        if pm.get_plugin(ep.name) is not None:
+            continue
+        try:
+            pm.register(ep.load(), name=ep.name)
+        except Exception as exc:
+            warnings.warn(f"plugin {ep.name} ({ep.value}) not loaded: {type(exc).__name__}: {exc}", stacklevel=2)
 
 
 def _load_file(pm: pluggy.PluginManager, path: Path) -> None:
@@ -77,8 +89,9 @@ def benchmarks(pm: pluggy.PluginManager) -> dict:
     return {b.name: b for b in found}
 
 
-def provider_for(found: list, model_id: str):
+def provider_for(found: list, model_id: str, name: str | None = None):
+    """The provider named `name` (an alias's `provider:`), else the first that matches the model id."""
     for p in found:
-        if p.matches(model_id):
+        if (p.name == name) if name else p.matches(model_id):
             return p
-    raise LookupError(f"no provider for model {model_id!r}")
+    raise LookupError(f"no provider {name!r}" if name else f"no provider for model {model_id!r}")

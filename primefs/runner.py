@@ -293,8 +293,13 @@ class Runner:
                 extra = dict(goal.control)
                 if goal.limits:
                     extra["limits"] = goal.limits
-                session = create_session(self.ws.sessions, task=goal.task, name=goal.name, model=goal.model,
-                                         goal=rel, context=goal.context, extra=extra)
+                try:
+                    session = create_session(self.ws.sessions, task=goal.task, name=goal.name, model=goal.model,
+                                             goal=rel, context=goal.context, extra=extra)
+                except (OSError, ValueError) as exc:
+                    self.reported_goals[rel] = path.stat().st_mtime
+                    self.log(f"goal error: {rel}: cannot start a session: {exc}")
+                    continue
                 self.claimed_goals.add(rel)
                 self.log(f"goal {rel} -> session {session.id} ({goal.name}, model {goal.model})")
                 self.adopt(session)
@@ -436,6 +441,11 @@ class Runner:
         self.log(f"{s.id} ({s.name}): turn {turn} started")
         started = time.monotonic()
         outcome = agent.run_turn()
+        if outcome == "interrupted":
+            agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=round(time.monotonic() - started, 4),
+                         status="running", stop_reason=None)
+            self.committer.request(f"sessions/{s.id}", f"session {s.id} ({s.name}): turn {turn} interrupted")
+            return
         if agent.pending_refine:
             request, agent.pending_refine = agent.pending_refine, None
             self.perform_refine(agent, **request)
@@ -503,7 +513,7 @@ class Runner:
         parent = s.meta.get("parent")
         if not parent:
             return
-        result = s.read_result() if s.status in ("idle", "done") else None
+        result = s.read_result() if s.meta.get("stop_reason") in ("answered", "done") else None
         text = result if result is not None else f"(no result: {s.meta.get('error') or s.meta.get('stop_reason')})"
         msg = self.deliver(parent, sender=s.id, kind="result", text=text,
                            extra={"child": s.id, "name": s.name, "status": s.status, "turn": turn})
@@ -715,7 +725,7 @@ class Runner:
         self.goals.before_model_call(agent)  # raises BudgetExhausted
         settings = dict(settings or agent.settings)
         settings["workspace"] = str(self.ws.root)
-        provider = provider_for(self.providers, settings["model"])
+        provider = provider_for(self.providers, settings["model"], settings.get("provider"))
         retries = int(agent.limits["model_retries"])
         backoff = float(agent.limits["model_retry_backoff_s"])
         for attempt in range(retries + 1):

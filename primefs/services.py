@@ -123,8 +123,8 @@ class KernelServices:
         if meta.get("status") == "stopped":
             raise ChildFailed(f"child {s.name} ({child}) was stopped")
         result = s.read_result()
-        if result is None:
-            raise ChildFailed(f"child {s.name} ({child}) ended its turn without a result: "
+        if result is None or meta.get("stop_reason") not in ("answered", "done"):
+            raise ChildFailed(f"child {s.name} ({child}) ended its turn without an answer: "
                               f"{meta.get('error') or meta.get('stop_reason')}")
         return result
 

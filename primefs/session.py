@@ -1,6 +1,7 @@
 """A session is a folder: sessions/<id>/{session.yaml, task.md, history.jsonl, result.md, mail/}."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
@@ -22,9 +23,9 @@ def iso(ts: float | None = None) -> str:
 
 
 def new_id() -> str:
-    """Short, sortable by creation time (UTC, to the second), unique, safe as a file name."""
-    stamp = datetime.now(timezone.utc).strftime("%y%m%d-%H%M%S")
-    return f"{stamp}-{''.join(secrets.choice(_ALPHABET) for _ in range(4))}"
+    """Short, sortable by creation time (UTC, to the millisecond), unique, safe as a file name."""
+    now = datetime.now(timezone.utc)
+    return f"{now:%y%m%d-%H%M%S}{now.microsecond // 1000:03d}-{''.join(secrets.choice(_ALPHABET) for _ in range(3))}"
 
 
 class Session:
@@ -128,7 +129,7 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
     now = iso()
     meta = {"id": sid, "name": name or sid, "parent": parent, "depth": depth, "status": "pending",
             "model": model, "goal": goal, "context": list(context or []), "created": now, "updated": now}
-    meta.update(extra or {})
+    meta.update(json.loads(json.dumps(extra or {}, default=str)))  # plain data: ruamel types can't be dumped safe
     for fname, text in (files or {}).items():  # a parent's context value: data as files, never prompt text
         (final / fname).write_text(text, encoding="utf-8")
         meta["context_data"] = f"{sessions_dir.name}/{sid}/{fname}"

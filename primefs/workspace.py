@@ -111,7 +111,13 @@ class Workspace:
 
     def limits(self, overrides: dict | None = None) -> dict:
         limits = dict(DEFAULT_LIMITS)
-        limits.update(self.config.get("limits") or {})
+        configured = self.config.get("limits") or {}
+        for key, value in configured.items():
+            if key not in DEFAULT_LIMITS:
+                raise PrimefsError(f"{CONFIG}: unknown limit {key!r} (known: {', '.join(DEFAULT_LIMITS)})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise PrimefsError(f"{CONFIG}: limit {key} must be a non-negative number, not {value!r}")
+        limits.update(configured)
         limits.update(overrides or {})
         return limits
 
@@ -144,7 +150,7 @@ def is_model_id(name: str) -> bool:
     """provider/model ids, our own providers, and bare ids litellm knows (read from its price list file)."""
     if not name or any(c.isspace() for c in name):
         return False
-    if "/" in name or name in ("local", "scripted"):
+    if "/" in name or name == "local":
         return True
     return name in _litellm_model_names()
 

@@ -21,7 +21,7 @@ class ScriptedProvider:
         self._lock = threading.Lock()
 
     def matches(self, model_id: str) -> bool:
-        return model_id.startswith("scripted/")
+        return model_id.startswith("scripted/")  # or an alias with `provider: scripted` and `script:`
 
     def _script(self, p: Path) -> dict:
         path = str(p)
@@ -58,5 +58,7 @@ class ScriptedProvider:
             tool_calls=calls,
             input_tokens=int(usage.get("input_tokens", prompt_tokens(messages))),
             output_tokens=int(usage.get("output_tokens", estimate_tokens(out))),
+            cost_usd=float(reply.get("cost_usd", 0.0)),
+            cost_known=True,  # a script's calls cost what it says: nothing, unless it sets cost_usd
             model=settings["model"],
         )
