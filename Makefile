@@ -24,9 +24,7 @@ install: $(VENV)/.installed
 PF := $(CURDIR)/$(BIN)/primefs
 
 demo: install
-	$(PF) init $(DEMO)
-	$(PF) -w $(DEMO) goal --name demo --limit max_steps_per_turn=4 \
-	  "What is 17 * 23? Compute it with Python, then answer with the number."
+	$(PF) init --from example_workspace $(DEMO)
 	$(PF) -w $(DEMO) run --once
 	$(PF) -w $(DEMO) status
 	$(PF) -w $(DEMO) usage demo

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from .accounting import UsageIndex
 from .errors import PrimefsError
 from .goals import goal_files, parse_goal, write_goal
 from .session import find_session
-from .workspace import find_workspace, init_workspace
+from .cliopts import workspace, ws_option
+from .workspace import init_workspace
 
 err = Console(stderr=True, highlight=False)
 
@@ -29,19 +31,6 @@ class Group(click.Group):
             sys.exit(1)
 
 
-def workspace(ctx: click.Context):
-    return find_workspace(ctx.obj.get("workspace"))
-
-
-def _set_workspace(ctx, _param, value):
-    if value:
-        ctx.ensure_object(dict)["workspace"] = value
-    return value
-
-
-# `-w` works before or after the subcommand: `primefs -w DIR status` and `primefs status -w DIR`.
-ws_option = click.option("-w", "--workspace", metavar="DIR", expose_value=False, callback=_set_workspace,
-                         is_eager=True, help="Workspace folder (see `primefs --help`).")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -248,23 +237,39 @@ def status(ctx, as_json):
 @main.command()
 @click.argument("session")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw events, one JSON object per line.")
+@click.option("-f", "--follow", "follow_", is_flag=True, help="Keep printing new events as they are appended "
+              "(Ctrl-C stops).")
 @ws_option
 @click.pass_context
-def log(ctx, session, as_json):
+def log(ctx, session, as_json, follow_):
     """Show a session's history (SESSION: id or name)."""
     from .logview import print_events
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
-    events = s.events()
-    if as_json:
-        for e in events:
-            click.echo(json.dumps(e, ensure_ascii=False))
-        return
     from .session import list_sessions
 
     names = {x.id: x.name for x in list_sessions(ws.sessions)}
-    print_events(Console(highlight=False), s, events, names)
+    if not follow_:
+        if as_json:
+            for e in s.events():
+                click.echo(json.dumps(e, ensure_ascii=False))
+        else:
+            print_events(Console(highlight=False), s, s.events(), names)
+        return
+    from .live import HistoryReader, follow
+
+    try:
+        if not as_json:
+            follow(s, Console(highlight=False), names=names)
+        reader = HistoryReader(s.dir / "history.jsonl")
+        while True:  # raw events as they are appended, one JSON object per line
+            for e in reader.read():
+                click.echo(json.dumps(e, ensure_ascii=False))
+            sys.stdout.flush()
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
 
 
 @main.command()

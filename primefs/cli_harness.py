@@ -9,19 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import PrimefsError
+from .cliopts import workspace, ws_option
 from .harness import KINDS, Harness, session_chain
 
 
 def _ws(ctx):
-    from .cli import workspace
-
     return workspace(ctx)
-
-
-def _ws_option():
-    from .cli import ws_option
-
-    return ws_option
 
 
 @click.group("harness")
@@ -32,7 +25,7 @@ def harness_group():
 @harness_group.command("list")
 @click.option("--kind", type=click.Choice(KINDS))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
-@_ws_option()
+@ws_option
 @click.pass_context
 def list_cmd(ctx, kind, as_json):
     """Every harness entry, global and session-local; broken files with the reason."""
@@ -55,7 +48,7 @@ def list_cmd(ctx, kind, as_json):
 @click.argument("kind", type=click.Choice(KINDS))
 @click.argument("name")
 @click.option("--session", help="Look up as this session sees it (its own and its ancestors' entries first).")
-@_ws_option()
+@ws_option
 @click.pass_context
 def show(ctx, kind, name, session):
     """Print one entry: its file, front matter and body."""
@@ -78,7 +71,7 @@ def show(ctx, kind, name, session):
 @click.option("--description", "-d", help="One line: what it is, when to use it.")
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True)
 @click.option("--session", help="The session (for --scope session).")
-@_ws_option()
+@ws_option
 @click.pass_context
 def put(ctx, kind, name, body_file, description, scope, session):
     """Create or update an entry (committed with Primefs-Source: user)."""
@@ -92,7 +85,7 @@ def put(ctx, kind, name, body_file, description, scope, session):
 @click.argument("name")
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True)
 @click.option("--session", help="The session (for --scope session).")
-@_ws_option()
+@ws_option
 @click.pass_context
 def rm(ctx, kind, name, scope, session):
     """Delete an entry (committed with Primefs-Source: user)."""
@@ -102,7 +95,7 @@ def rm(ctx, kind, name, scope, session):
 @harness_group.command("log")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, newest first.")
 @click.option("-n", "limit", type=int, help="At most this many commits.")
-@_ws_option()
+@ws_option
 @click.pass_context
 def log(ctx, as_json, limit):
     """Harness commits with their provenance (session, source, evidence, intent) and outcome."""
@@ -122,7 +115,7 @@ def log(ctx, as_json, limit):
 
 @harness_group.command("revert")
 @click.argument("commit")
-@_ws_option()
+@ws_option
 @click.pass_context
 def revert(ctx, commit):
     """Undo one harness commit with `git revert` (history stays append-only). The next turn uses the result."""
@@ -133,7 +126,7 @@ def revert(ctx, commit):
 @click.argument("commit")
 @click.argument("verdict", type=click.Choice(["good", "bad"]))
 @click.option("--note", help="What happened.")
-@_ws_option()
+@ws_option
 @click.pass_context
 def outcome(ctx, commit, verdict, note):
     """Record whether a change had its intended effect (a git note; shown by `harness log`)."""
@@ -147,7 +140,7 @@ def outcome(ctx, commit, verdict, note):
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True,
               help="Where new entries go.")
 @click.option("--model", "-m", help="Model for the refine call (default: the session's).")
-@_ws_option()
+@ws_option
 @click.pass_context
 def refine_cmd(ctx, session, instructions, scope, model):
     """One model call proposes harness edits from SESSION's recent events; valid ones are committed."""

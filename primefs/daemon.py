@@ -28,23 +28,7 @@ UP_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 30.0
 
 
-# -- shared with cli.py ---------------------------------------------------------------------------
-def _set_workspace(ctx, param, value):
-    from .cli import _set_workspace as set_ws
-
-    return set_ws(ctx, param, value)
-
-
-# Same option as cli.ws_option (`-w` before or after the subcommand), declared here so this module
-# never needs cli at import time.
-ws_option = click.option("-w", "--workspace", metavar="DIR", expose_value=False, callback=_set_workspace,
-                         is_eager=True, help="Workspace folder (see `primefs --help`).")
-
-
-def workspace(ctx: click.Context):
-    from .workspace import find_workspace
-
-    return find_workspace((ctx.obj or {}).get("workspace"))
+from .cliopts import workspace, ws_option  # noqa: E402  (shared -w option)
 
 
 # -- the lock and the state file --------------------------------------------------------------------

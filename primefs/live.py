@@ -22,7 +22,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .daemon import human_age, runner_state, workspace, ws_option
+from .cliopts import workspace, ws_option
+from .daemon import human_age, runner_state
 from .errors import PrimefsError
 from .logview import print_events
 from .session import Session, find_session, list_sessions
@@ -92,20 +93,6 @@ class HistoryReader:
         self.pos = self._line_start(self.size())
 
 
-class _NoHeader:
-    """A console for print_events that drops its first print (the session header line)."""
-
-    def __init__(self, console: Console):
-        self.console = console
-        self.skipped = False
-
-    def print(self, *args, **kwargs):
-        if not self.skipped:
-            self.skipped = True
-            return
-        self.console.print(*args, **kwargs)
-
-
 def session_names(ws_sessions: Path) -> dict[str, str]:
     return {s.id: s.name for s in list_sessions(ws_sessions)}
 
@@ -134,7 +121,7 @@ def follow(session: Session, console: Console, stop_event: threading.Event | Non
     if header:
         print_events(console, session, events, names)
     elif events:
-        print_events(_NoHeader(console), session, events, names)
+        print_events(console, session, events, names, header=False)
     printed += len(events)
     while True:
         if stop_event is not None:
@@ -147,12 +134,12 @@ def follow(session: Session, console: Console, stop_event: threading.Event | Non
             continue
         if any(e.get("type") in ("spawn", "sent", "message") for e in events):
             names = session_names(session.dir.parent)
-        print_events(_NoHeader(console), session, events, names)
+        print_events(console, session, events, names, header=False)
         printed += len(events)
     # last look: events written just before the stop
     events = reader.read()
     if events:
-        print_events(_NoHeader(console), session, events, names)
+        print_events(console, session, events, names, header=False)
         printed += len(events)
     return printed
 

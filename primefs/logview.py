@@ -12,13 +12,15 @@ def _ts(e: dict) -> str:
     return datetime.fromtimestamp(e.get("ts", 0)).strftime("%H:%M:%S")
 
 
-def print_events(out: Console, session, events: list[dict], names: dict[str, str] | None = None) -> None:
+def print_events(out: Console, session, events: list[dict], names: dict[str, str] | None = None,
+                 header: bool = True) -> None:
     names = names or {}
 
     def who(sid: str) -> str:
         return f"{sid} ({names[sid]})" if sid in names else sid
 
-    out.print(f"[bold]{session.id}[/bold] ({escape(session.name)}) status: {session.status}")
+    if header:
+        out.print(f"[bold]{session.id}[/bold] ({escape(session.name)}) status: {session.status}")
     for e in events:
         t, ts = e.get("type"), f"[dim]{_ts(e)}[/dim]"
         if t == "task":

@@ -43,11 +43,16 @@ class RunnerLock:
         ws.state.mkdir(exist_ok=True)
         self.path = ws.state / "runner.lock"
         self.file = open(self.path, "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.close()
-            raise PrimefsError(f"a runner is already running in {ws.root} (lock {self.path} is held)") from None
+        for attempt in range(5):  # `primefs agents`/`runner` probe the lock for an instant: retry briefly
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == 4:
+                    self.file.close()
+                    raise PrimefsError(f"a runner is already running in {ws.root} (lock {self.path} is held)") \
+                        from None
+                time.sleep(0.05)
         self.file.truncate(0)
         self.file.write(f"{os.getpid()} {time.time()}\n")
         self.file.flush()

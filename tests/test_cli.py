@@ -190,3 +190,41 @@ def test_goal_limit_overrides(home):
     assert rec["stop_reason"] == "max_steps" and rec["result"] is None
     assert_clean_error(cli("goal", "x", "--limit", "bogus=1", cwd=home), "bad --limit")
     assert_clean_error(cli("goal", "x", "--limit", "max_steps_per_turn=lots", cwd=home), "not a number")
+
+
+def test_example_workspace_is_ready(tmp_path):
+    from primefs.goals import goal_files, parse_goal
+    from primefs.harness import Harness
+    from primefs.workspace import Workspace
+
+    example = Path(__file__).resolve().parent.parent / "example_workspace"
+    r = cli("init", "--from", str(example), "ex", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ws = Workspace(tmp_path / "ex")
+    entries = Harness(ws).list()
+    assert sorted((e.kind, e.name) for e in entries) == sorted(
+        [("note", "answer-style"), ("memory", "python-arithmetic"), ("skill", "word-stats"), ("agent", "checker")])
+    assert not [e for e in entries if e.problem]
+    goal = parse_goal(ws, goal_files(ws)[0])
+    assert goal.name == "demo" and goal.limits == {"max_steps_per_turn": 4} and goal.model == "local"
+    clean = subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain"], capture_output=True, text=True)
+    assert clean.stdout == ""
+
+
+def test_log_follow_streams_appended_events(home):
+    import signal
+    import time
+
+    cli("goal", "largest", "--name", "f", "--model", "scripted/script.yaml", cwd=home)
+    cli("run", "--once", cwd=home)
+    sid = json.loads(cli("status", "--json", cwd=home).stdout)[0]["id"]
+    for args in ((), ("--json",)):
+        proc = subprocess.Popen([*PRIMEFS, "log", "f", "-f", *args], cwd=home, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        with open(home / "sessions" / sid / "history.jsonl", "a") as f:
+            f.write(json.dumps({"ts": time.time(), "type": "notice", "n": 999, "text": f"late news {len(args)}"}) + "\n")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+        assert f"late news {len(args)}" in out and "Three files" in out and "Traceback" not in err
