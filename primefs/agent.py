@@ -5,6 +5,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
+from .compaction import maybe_compact
 from .conversation import code_of_call, fenced_code, rebuild, to_messages
 from .errors import PrimefsError
 from .goalctl import BudgetExhausted
@@ -129,6 +130,7 @@ class Agent:
                 return "interrupted"
             self.runner.take_mail(self)  # mail that arrived meanwhile is shown before the next call
             try:
+                maybe_compact(self, system)
                 reply = self.runner.complete(self, [{"role": "system", "content": system}, *self.messages],
                                              tools, purpose="turn")
             except ModelError as exc:

@@ -41,9 +41,16 @@ def to_messages(event: dict, tool_mode: str) -> list[dict]:
 
 
 def rebuild(events: list[dict], tool_mode: str) -> list[dict]:
+    """The conversation from history: after a compaction, its summary replaces what it covered."""
+    last = next((e for e in reversed(events) if e["type"] == "compaction"), None)
     messages: list[dict] = []
+    if last is not None:
+        messages.append({"role": "user", "content": "[primefs] Earlier work was compacted into this summary (the "
+                                                    "full history is in `history.events()` / `history.search()`):\n"
+                                                    + last["summary"]})
     for e in events:
-        messages.extend(to_messages(e, tool_mode))
+        if last is None or e["n"] > last["upto_n"]:
+            messages.extend(to_messages(e, tool_mode))
     return messages
 
 

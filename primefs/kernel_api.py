@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import time
 import types
@@ -105,6 +106,32 @@ class HarnessAPI:
 
     def delete(self, kind: str, name: str, *, scope: str = "global") -> str:
         return self._link("harness_delete", kind=kind, name=name, scope=scope)
+
+
+class HistoryAPI:
+    """This session's history.jsonl, read from the file: everything, also what compaction summarized."""
+
+    def __init__(self, path: str):
+        self._path = Path(path)
+
+    def events(self, type: str | None = None, last: int | None = None) -> list[dict]:
+        out = []
+        with open(self._path, "rb") as f:
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # a line still being written
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if type is None or e.get("type") == type:
+                    out.append(e)
+        return out[-last:] if last else out
+
+    def search(self, pattern: str, type: str | None = None) -> list[dict]:
+        """Events whose text (any string field) matches the regular expression `pattern`."""
+        rx = re.compile(pattern)
+        return [e for e in self.events(type) if any(isinstance(v, str) and rx.search(v) for v in e.values())]
 
 
 class SkillsModule(types.ModuleType):
@@ -207,5 +234,6 @@ def setup(ns: dict, sock: str, token: str, session_id: str, context_paths: list[
         return Message(**link("recv", timeout=timeout))
 
     ns.update(context=load_context(context_paths, context_data), done=done, llm=llm, llm_batch=llm_batch,
-              rlm=rlm, wait_all=wait_all, goal_status=goal_status, harness=HarnessAPI(link), refine=refine, send=send, inbox=inbox, recv=recv, Handle=Handle,
+              rlm=rlm, wait_all=wait_all, goal_status=goal_status, harness=HarnessAPI(link), refine=refine,
+              history=HistoryAPI(f"sessions/{session_id}/history.jsonl"), send=send, inbox=inbox, recv=recv, Handle=Handle,
               ChildFailed=ChildFailed, SESSION_ID=session_id)

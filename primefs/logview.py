@@ -62,6 +62,9 @@ def print_events(out: Console, session, events: list[dict], names: dict[str, str
             out.print(f"{ts} [yellow]sent[/yellow] {e['kind']} to {escape(e['target'])} ({to}): {escape(e['text'][:500])}")
         elif t == "bad_mail":
             out.print(f"{ts} [red]bad mail[/red] {escape(e['file'])}: {escape(e['error'])}")
+        elif t == "compaction":
+            out.print(f"{ts} [yellow]compaction[/yellow] events up to n={e['upto_n']} ({e['replaced']}) replaced by a "
+                      f"summary ({e['tokens_before']} tokens before):\n{escape(e['summary'])}")
         elif t == "kernel":
             out.print(f"{ts} [dim]kernel {e['event']}[/dim]")
         elif t in ("turn_start", "turn_end"):

@@ -32,7 +32,9 @@ unread messages; `recv(timeout=None)` waits for one. Mail that arrives while you
 - `harness.put(kind, name, body, scope="global", description=None)`, `harness.get/list/delete`: keep \
 notes, memories, skills and subagent specs (kind: note, memory, skill, agent) for later turns and \
 sessions. `from skills import <name>` imports a skill's Python; `rlm(task, agent="<spec>")` starts a \
-child in that role. `refine(instructions=None)`: improve the harness from this session, at turn end."""
+child in that role. `refine(instructions=None)`: improve the harness from this session, at turn end.
+- `history.events(type=None, last=None)`, `history.search(pattern)`: your full history, also what was \
+compacted into a summary."""
 
 
 def describe_context(root: Path, paths: list[str], data: str | None = None) -> str:

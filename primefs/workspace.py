@@ -31,6 +31,7 @@ DEFAULT_LIMITS = {
     "llm_batch_concurrency": 8,
     "memory_prompt_chars": 4000,
     "refine_events": 60,
+    "compact_at_tokens": 0,  # 0: 3/4 of the model's input window (when litellm knows it)
 }
 TOOL_MODES = ("native", "fenced")
 
