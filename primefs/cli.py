@@ -362,10 +362,12 @@ def stop(ctx, session, tree):
 
 from .cli_eval import eval_cmd  # noqa: E402
 from .cli_harness import harness_group, refine_cmd  # noqa: E402
+from .cli_heartbeat import heartbeat_group  # noqa: E402
 
 main.add_command(harness_group)
 main.add_command(refine_cmd)
 main.add_command(eval_cmd)
+main.add_command(heartbeat_group)
 
 from .daemon import up, down, runner_cmd  # noqa: E402
 from .live import attach, agents, follow_log  # noqa: E402

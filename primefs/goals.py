@@ -10,6 +10,7 @@ from . import frontmatter
 from .errors import PrimefsError
 from .fsutil import check_name, write_new
 from .goalctl import check_budget, check_end_conditions
+from .heartbeat import from_spec
 from .workspace import DEFAULT_LIMITS, Workspace
 
 GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat"}
@@ -74,6 +75,10 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
     if meta.get("end_conditions") is not None:
         control["end_conditions"] = check_end_conditions(meta["end_conditions"], rel, conditions)
     if meta.get("heartbeat") is not None:
+        try:
+            from_spec(meta["heartbeat"])
+        except PrimefsError as exc:
+            raise PrimefsError(f"{rel}: {exc}") from None
         control["heartbeat"] = meta["heartbeat"]
     model = str(meta.get("model") or ws.default_model())
     try:

@@ -190,6 +190,10 @@ def setup(ns: dict, sock: str, token: str, session_id: str, context_paths: list[
         link("done", answer=str(answer))
         print("[done: the answer is recorded; the turn ends after this cell]")
 
+    def heartbeat(every: str | None = None, *, cron: str | None = None, prompt: str | None = None) -> dict:
+        """Re-enter this session on a schedule (every="5m", or cron="*/15 * * * *") with `prompt` as mail."""
+        return link("heartbeat", every=every, cron=cron, prompt=prompt)
+
     def goal_status() -> dict:
         """Your goal, budgets (limit, used, left) and end-condition results, checked now."""
         return link("goal_status")
@@ -235,5 +239,6 @@ def setup(ns: dict, sock: str, token: str, session_id: str, context_paths: list[
 
     ns.update(context=load_context(context_paths, context_data), done=done, llm=llm, llm_batch=llm_batch,
               rlm=rlm, wait_all=wait_all, goal_status=goal_status, harness=HarnessAPI(link), refine=refine,
+              heartbeat=heartbeat,
               history=HistoryAPI(f"sessions/{session_id}/history.jsonl"), send=send, inbox=inbox, recv=recv, Handle=Handle,
               ChildFailed=ChildFailed, SESSION_ID=session_id)

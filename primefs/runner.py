@@ -83,6 +83,7 @@ class Runner:
         self.result_mail: dict[str, dict[str, list[mail.Message]]] = {}  # parent -> child -> result mail sent
         self.claimed_goals: set[str] = set()
         self.harness_dirty = True  # hand edits of harness files may wait to be committed
+        self.heartbeat_sessions: set[str] = set()  # sessions with heartbeat files
         self.reported_goals: dict[str, float] = {}
         self.cond = threading.Condition()
         self.stopping = False
@@ -103,6 +104,7 @@ class Runner:
             self.rpc = RpcServer(self.ws.runtime / "rpc.sock", self.services.handle)
             self.pool = KernelPool(self.ws.runtime / "kernels", self.ws.root, int(self.limits["kernel_pool"]))
             self.recover()
+            self.tick_heartbeats()  # ticks missed while no runner ran: one coalesced message each
             self.scan()
             if not once:
                 observer = self._watch()
@@ -115,6 +117,8 @@ class Runner:
                 if time.monotonic() - last_state > STATE_S:
                     self.write_state()
                     last_state = time.monotonic()
+                if not once:
+                    self.tick_heartbeats()
                 with self.cond:
                     self._dispatch()
                     done = once and not self.work and not self.active
@@ -238,6 +242,8 @@ class Runner:
             self.apply_stop(rel[1])
         elif len(rel) == 3 and rel[0] == "sessions" and rel[2] == REFINE_FILE:
             self.apply_refine_request(rel[1])
+        elif len(rel) >= 3 and rel[0] == "sessions" and rel[2] == "heartbeats":
+            self.heartbeat_sessions.add(rel[1])
         elif rel[:1] == ("harness",) or (len(rel) > 2 and rel[0] == "sessions" and rel[2] == "harness"):
             self.harness_dirty = True
 
@@ -263,6 +269,8 @@ class Runner:
                 self.claimed_goals.add(meta["goal"])
             if meta.get("status") in ("pending", "running") or mail.unacked(s.mail):
                 self.work.add(s.id)
+            if (s.dir / "heartbeats").is_dir():
+                self.heartbeat_sessions.add(s.id)
 
     def _link(self, sid: str, parent: str | None) -> None:
         self.parents[sid] = parent
@@ -307,6 +315,8 @@ class Runner:
                     continue
                 self.claimed_goals.add(rel)
                 self.log(f"goal {rel} -> session {session.id} ({goal.name}, model {goal.model})")
+                if goal.control.get("heartbeat"):
+                    self.add_heartbeat(session, goal.control["heartbeat"])
                 self.adopt(session)
 
     def adopt(self, session: Session) -> None:
@@ -674,6 +684,29 @@ class Runner:
         return status in FINISHED and not mail.new_files(s.mail)
 
     # -- stopping sessions ------------------------------------------------------------------------
+    def add_heartbeat(self, session: Session, spec) -> dict:
+        """A goal's `heartbeat:` ('every 10m', or {every|cron: ..., prompt: ...}) or kernel heartbeat()."""
+        from . import heartbeat
+
+        hb = heartbeat.add(session.dir, *heartbeat.from_spec(spec))
+        with self.cond:
+            self.heartbeat_sessions.add(session.id)
+        return hb
+
+    def tick_heartbeats(self) -> None:
+        from . import heartbeat
+
+        for sid in list(self.heartbeat_sessions):
+            s = self.session(sid)
+            try:
+                if s.reload().get("status") == "stopped":
+                    continue
+                for hb, ticks in heartbeat.claim_due(s.dir):
+                    self.deliver(sid, sender="heartbeat", kind="heartbeat", text=heartbeat.message_text(hb, ticks),
+                                 extra={"heartbeat": hb["id"], "ticks": ticks})
+            except (OSError, PrimefsError) as exc:
+                self.log(f"warning: heartbeats of {sid}: {exc}")
+
     def apply_stop(self, sid: str) -> None:
         """A stop request file (from `primefs stop`): stop the session now, or at its next step."""
         flag = self.ws.sessions / sid / STOP_FILE

@@ -160,6 +160,17 @@ class KernelServices:
         agent.pending_refine = {"instructions": instructions, "scope": scope}
         return "refinement scheduled for the end of this turn"
 
+    def op_heartbeat(self, agent, every=None, cron=None, prompt=None) -> dict:
+        if bool(every) == bool(cron):
+            raise PrimefsError("heartbeat() needs every='10m' or cron='*/5 * * * *' (one of them)")
+        from .heartbeat import add, from_spec
+
+        hb = add(agent.session.dir, *from_spec({"every": every, "cron": cron, "prompt": prompt}))
+        with self.runner.cond:
+            self.runner.heartbeat_sessions.add(agent.session.id)
+        agent.record("heartbeat_set", id=hb["id"], schedule=hb["schedule"], prompt=hb["prompt"])
+        return {"id": hb["id"], "next_due": hb["next_due"]}
+
     # -- mail -------------------------------------------------------------------------------------
     def op_send(self, agent, to: str, text: str) -> int:
         targets = self.runner.resolve_targets(agent.session, to)

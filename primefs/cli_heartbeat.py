@@ -1,0 +1,111 @@
+"""`primefs heartbeat SESSION SCHEDULE PROMPT` and its list / pause / resume / rm."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import heartbeat as hbmod
+from .cliopts import workspace, ws_option
+from .session import find_session, list_sessions
+
+
+class HeartbeatGroup(click.Group):
+    """`primefs heartbeat SESSION ...` (no subcommand) adds a heartbeat."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["add", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("heartbeat", cls=HeartbeatGroup)
+def heartbeat_group():
+    """Re-enter a session on a schedule with a fixed prompt, delivered as `kind: heartbeat` mail.
+
+    \b
+      primefs heartbeat SESSION "every 10m" "check the build"
+      primefs heartbeat SESSION "*/15 9-17 * * 1-5" "look at the queue"
+      primefs heartbeat list [SESSION] | pause SESSION ID | resume SESSION ID | rm SESSION ID
+    """
+
+
+@heartbeat_group.command("add")
+@click.argument("session")
+@click.argument("schedule")
+@click.argument("prompt")
+@ws_option
+@click.pass_context
+def add(ctx, session, schedule, prompt):
+    """Add a heartbeat: SCHEDULE is 'every 10m' (s, m, h, d) or 5 cron fields."""
+    s = find_session(workspace(ctx).sessions, session)
+    hb = hbmod.add(s.dir, schedule, prompt)
+    click.echo(f"{hb['id']}: next at {datetime.fromtimestamp(hb['next_due']):%Y-%m-%d %H:%M:%S}")
+
+
+@heartbeat_group.command("list")
+@click.argument("session", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@ws_option
+@click.pass_context
+def list_cmd(ctx, session, as_json):
+    """Heartbeats of one session, or of all."""
+    ws = workspace(ctx)
+    sessions = [find_session(ws.sessions, session)] if session else list_sessions(ws.sessions)
+    rows = [{**hb, "session": s.id} for s in sessions for hb in hbmod.load_all(s.dir)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("session", "id", "schedule", "next", "state", "prompt"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["session"], r["id"], r["schedule"], f"{datetime.fromtimestamp(r['next_due']):%m-%d %H:%M:%S}",
+                      "paused" if r.get("paused") else "active", r["prompt"])
+    Console(highlight=False).print(table if rows else "no heartbeats")
+
+
+def _set(ctx, session, hb_id, **changes):
+    s = find_session(workspace(ctx).sessions, session)
+    hb = hbmod.find(s.dir, hb_id)
+    hb.update(changes)
+    if changes.get("paused") is False:  # ticks missed while paused are not owed
+        hb["next_due"] = hbmod.next_after(hbmod.parse_schedule(hb["schedule"]), datetime.now().timestamp())
+    hbmod.save(s.dir, hb)
+    click.echo(f"{hb_id}: {'paused' if hb['paused'] else 'active'}")
+
+
+@heartbeat_group.command("pause")
+@click.argument("session")
+@click.argument("hb_id", metavar="ID")
+@ws_option
+@click.pass_context
+def pause(ctx, session, hb_id):
+    """Stop a heartbeat's ticks until `resume`."""
+    _set(ctx, session, hb_id, paused=True)
+
+
+@heartbeat_group.command("resume")
+@click.argument("session")
+@click.argument("hb_id", metavar="ID")
+@ws_option
+@click.pass_context
+def resume(ctx, session, hb_id):
+    """Tick again, from the next scheduled time."""
+    _set(ctx, session, hb_id, paused=False)
+
+
+@heartbeat_group.command("rm")
+@click.argument("session")
+@click.argument("hb_id", metavar="ID")
+@ws_option
+@click.pass_context
+def rm(ctx, session, hb_id):
+    """Delete a heartbeat."""
+    s = find_session(workspace(ctx).sessions, session)
+    hbmod.find(s.dir, hb_id)
+    (hbmod.folder(s.dir) / f"{hb_id}.yaml").unlink()
+    click.echo(f"{hb_id}: removed")

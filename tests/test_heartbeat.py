@@ -1,0 +1,101 @@
+"""Heartbeats: schedules, ticks as mail, claimed before delivery, missed ticks coalesced."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+import pytest
+from conftest import BackgroundRunner, configure, run_once
+
+from primefs import heartbeat as hb
+from primefs.errors import PrimefsError
+from primefs.goals import write_goal
+from primefs.session import list_sessions
+
+
+def test_schedules():
+    assert hb.parse_schedule("every 10m") == {"every": 600}
+    assert hb.parse_schedule("30s") == {"every": 30} and hb.parse_schedule("every 2 hours") == {"every": 7200}
+    cron = hb.parse_schedule("*/15 9-17 * * 1-5")
+    assert cron["cron"][0] == [0, 15, 30, 45] and cron["cron"][1] == list(range(9, 18))
+    t = datetime(2026, 11, 27, 17, 50).timestamp()  # a Friday, 17:50
+    assert datetime.fromtimestamp(hb.next_after(cron, t)) == datetime(2026, 11, 30, 9, 0)  # next Monday 9:00
+    assert datetime.fromtimestamp(hb.next_after(hb.parse_schedule("0 0 1 * *"), t)) == datetime(2026, 12, 1, 0, 0)
+    for bad in ("every", "sometimes", "* * *", "61 * * * *", "every 0s", "*/0 * * * *"):
+        with pytest.raises(PrimefsError):
+            hb.parse_schedule(bad)
+
+
+def wait_for(pred, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_goal_heartbeat_ticks_start_turns(ws):
+    (ws.root / "s.yaml").write_text("default:\n" + "".join(f"  - text: tick {i}\n" for i in range(50)))
+    ws = configure(ws, model="scripted/s.yaml")
+    (ws.goals / "watch.md").write_text("---\nheartbeat: {every: 1s, prompt: check the build}\n---\nWatch things\n")
+    with BackgroundRunner(ws):
+        wait_for(lambda: any(len(s.events("turn_start")) >= 3 for s in list_sessions(ws.sessions)))
+    s = list_sessions(ws.sessions)[0]
+    beats = [m for m in s.events("message") if m["kind"] == "heartbeat"]
+    assert len(beats) >= 2 and all(m["text"] == "check the build" and m["from"] == "heartbeat" for m in beats)
+
+
+def test_missed_ticks_are_coalesced_and_claims_never_replay(ws):
+    (ws.root / "s.yaml").write_text("default:\n" + "".join(f"  - text: ok {i}\n" for i in range(50)))
+    ws = configure(ws, model="scripted/s.yaml")
+    write_goal(ws, "idle session", name="idle")
+    run_once(ws)
+    s = list_sessions(ws.sessions)[0]
+    h = hb.add(s.dir, "every 60s", "wake up")
+    h["next_due"] = time.time() - 60 * 10 + 30  # ten ticks were due while no runner ran
+    hb.save(s.dir, h)
+    run_once(ws)  # a starting runner delivers one coalesced message
+    beats = [m for m in s.events("message") if m["kind"] == "heartbeat"]
+    assert len(beats) == 1 and beats[0]["text"].startswith("wake up\n(9 earlier ticks missed")
+    assert hb.find(s.dir, h["id"])["next_due"] > time.time()
+    # a tick claimed by a runner that died before delivering is not replayed
+    h = hb.find(s.dir, h["id"])
+    h["next_due"] = time.time() - 1
+    hb.save(s.dir, h)
+    claimed = hb.claim_due(s.dir)
+    assert [c[1] for c in claimed] == [1]
+    run_once(ws)
+    assert len([m for m in s.events("message") if m["kind"] == "heartbeat"]) == 1
+
+
+def test_cli_and_kernel_heartbeats(ws):
+    (ws.root / "s.yaml").write_text("- code: print(heartbeat(every='1h', prompt='hourly'))\n- text: set\n")
+    ws = configure(ws, model="scripted/s.yaml")
+    write_goal(ws, "set one", name="k")
+    run_once(ws)
+    s = list_sessions(ws.sessions)[0]
+    assert "'id': 'hb-" in s.events("cell")[0]["output"]
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True,
+                           text=True, timeout=60)
+        assert "Traceback" not in r.stderr
+        return r
+
+    r = cli("heartbeat", "k", "*/5 * * * *", "check the build")
+    assert r.returncode == 0 and r.stdout.startswith("hb-")
+    rows = json.loads(cli("heartbeat", "list", "k", "--json").stdout)
+    assert sorted(x["prompt"] for x in rows) == ["check the build", "hourly"]
+    hid = r.stdout.split(":")[0]
+    assert "paused" in cli("heartbeat", "pause", "k", hid).stdout
+    assert hb.find(s.dir, hid)["paused"] is True
+    assert "active" in cli("heartbeat", "resume", "k", hid).stdout
+    assert cli("heartbeat", "rm", "k", hid).returncode == 0
+    assert len(json.loads(cli("heartbeat", "list", "--json").stdout)) == 1
+    bad = cli("heartbeat", "k", "whenever", "x")
+    assert bad.returncode == 1 and "bad heartbeat schedule" in bad.stderr
+    assert cli("heartbeat", "rm", "k", "hb-nope").returncode == 1
