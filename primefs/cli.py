@@ -75,9 +75,12 @@ def init(directory, source):
               help="Budget over the whole session tree: turns, tokens, seconds or cost_usd (repeatable).")
 @click.option("--end-condition", "conditions", multiple=True, metavar="NAME=ARG",
               help="E.g. --end-condition 'command=pytest -q' or --end-condition file_exists=report.md.")
+@click.option("--heartbeat", metavar="SCHEDULE", help="Re-enter the session on a schedule: 'every 10m' or "
+              "5 cron fields (prompt: --heartbeat-prompt).")
+@click.option("--heartbeat-prompt", metavar="TEXT", help="The message each heartbeat delivers.")
 @ws_option
 @click.pass_context
-def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions):
+def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions, heartbeat, heartbeat_prompt):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
     from .goalctl import BUDGET_KEYS, check_budget
 
@@ -100,6 +103,12 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
             raise PrimefsError("bad --end-condition: use NAME=ARG, e.g. 'command=pytest -q'")
         extra["end_conditions"] = check_end_conditions([{name: arg} for name, _, arg in pairs], "--end-condition",
                                                        end_conditions(plugin_manager(ws.root)))
+    if heartbeat:
+        from .heartbeat import from_spec
+
+        spec = {"schedule": heartbeat, **({"prompt": heartbeat_prompt} if heartbeat_prompt else {})}
+        from_spec(spec)  # a bad schedule fails here, not in the runner
+        extra["heartbeat"] = spec
     path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra or None)
     click.echo(path.relative_to(ws.root).as_posix())
 
