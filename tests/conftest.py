@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,14 @@ class BackgroundRunner:
     def __exit__(self, *exc):
         self.runner.stop()
         self.thread.join(30)
+
+
+def wait_for(pred, timeout: float = 60.0, what: str = "condition"):
+    """Poll until pred() is truthy; return its value (tests of things that happen in other threads)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,9 +1,8 @@
 """Compaction: older turns become a summary; the last turns stay verbatim; nothing is lost."""
 from __future__ import annotations
 
-import time
 
-from conftest import BackgroundRunner, use_server
+from conftest import BackgroundRunner, use_server, wait_for
 
 from primefs import mail
 from primefs.goals import write_goal
@@ -11,16 +10,6 @@ from primefs.session import list_sessions
 
 BIG = "print('x' * 600)"
 LONG_MESSAGE = "Please continue. " + "Some background you may need later. " * 55  # ~2,000 characters
-
-
-def wait_for(pred, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_compaction_keeps_recent_turns_verbatim_and_history_whole(ws, server):

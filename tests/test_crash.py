@@ -1,7 +1,6 @@
 """kill -9 of the runner at any moment loses nothing (files are the truth)."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -9,7 +8,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import configure, run_once
+from conftest import configure, run_once, wait_for
 
 from primefs import mail
 from primefs.goals import write_goal
@@ -22,15 +21,6 @@ pytestmark = pytest.mark.slow
 def start_runner(ws):
     return subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def wait_for(pred, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def assert_history_clean(s):

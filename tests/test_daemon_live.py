@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from conftest import configure
+from conftest import configure, wait_for
 from rich.console import Console
 
 from primefs.daemon import alive, lock_held
@@ -33,16 +33,6 @@ def cli(ws, *args, timeout=60):
     env.pop("PRIMEFS_WORKSPACE", None)
     return subprocess.run([*PRIMEFS, *args, "-w", str(ws.root)], capture_output=True, text=True,
                           timeout=timeout, env=env)
-
-
-def wait_for(pred, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def session_named(ws, name):

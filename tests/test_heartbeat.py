@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 
 import pytest
-from conftest import BackgroundRunner, configure, run_once
+from conftest import BackgroundRunner, configure, run_once, wait_for
 
 from primefs import heartbeat as hb
 from primefs.errors import PrimefsError
@@ -27,15 +27,6 @@ def test_schedules():
     for bad in ("every", "sometimes", "* * *", "61 * * * *", "every 0s", "*/0 * * * *"):
         with pytest.raises(PrimefsError):
             hb.parse_schedule(bad)
-
-
-def wait_for(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_goal_heartbeat_ticks_start_turns(ws):

@@ -2,24 +2,13 @@
 from __future__ import annotations
 
 import os
-import time
 
-from conftest import BackgroundRunner, run_once, use_server
+from conftest import BackgroundRunner, run_once, use_server, wait_for
 
 from primefs import mail
 from primefs.goals import write_goal
 from primefs.history import iter_events
 from primefs.session import list_sessions
-
-
-def wait_for(pred, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def session_named(ws, name):

@@ -22,107 +22,13 @@ from __future__ import annotations
 import datetime as _dt
 import random
 import re
-from collections import Counter
 from itertools import combinations
 from typing import Iterator
 
 from primefs import hookimpl
 
-# The record generator is the same as primefs-aggregate's (kept here so the package stands alone).
-# label -> (templates with {a} {b} {c}, words for a, words for b, words for c). No word is shared
-# between labels, and no template's own words are another label's slot words: the label of an
-# instance is the label of its slot words.
-VOCAB: dict[str, tuple[tuple[str, ...], list[str], list[str], list[str]]] = {
-    "sports": (
-        ("What a {c}! That {b} carried the whole {a} squad tonight.",
-         "Tickets for the {a} {c} sold out in an hour, and the {b} is injured.",
-         "Our {b} finally scored in the {c}; best {a} game all season.",
-         "Watching {a} highlights again, the {b} in that {c} was unreal.",
-         "Anyone else think the {b} should be benched before the {c}? Terrible {a} lately."),
-        "soccer basketball tennis hockey rugby cricket volleyball baseball".split(),
-        "striker goalkeeper quarterback midfielder pitcher referee coach defender".split(),
-        "playoffs championship tournament derby semifinal league scrimmage overtime".split(),
-    ),
-    "politics": (
-        ("The {a} keeps dodging questions about the {c} bill ahead of the {b}.",
-         "Just voted in the {b}; the {c} reform is all anyone talks about.",
-         "Can't believe the {a} flipped on {c} policy right before the {b}.",
-         "Debate night: the {a} spent ten minutes on {c} and nothing on the {b}.",
-         "New poll says the {b} will hinge on the {a} and the {c} law."),
-        "senator governor mayor parliament congress minister chancellor councillor".split(),
-        "election referendum ballot campaign filibuster caucus primary impeachment".split(),
-        "tax immigration healthcare pension zoning tariff voting subsidy".split(),
-    ),
-    "science": (
-        ("The {b} says the {a} results from the {c} could change the textbooks.",
-         "Fascinating paper today: the {b} mapped the {a} using a new {c}.",
-         "Our {b} spent all week on the {c} and the {a} still won't behave.",
-         "Reading about how the {a} was measured; the {c} took the {b} three years.",
-         "Finally, the {b} explained the {a} {c} in plain words."),
-        "telescope microscope genome neutron protein enzyme galaxy molecule".split(),
-        "physicist chemist biologist astronomer geologist researcher lab laboratory".split(),
-        "experiment hypothesis dataset peer-review spectrometer simulation fossil isotope".split(),
-    ),
-    "food": (
-        ("Made {a} tonight with way too much {b}; zero regrets.",
-         "That little {c} downtown serves the best {a}, ask for extra {b}.",
-         "Is {b} supposed to go in {a}? Asking for a friend at the {c}.",
-         "Tried the new {c}: the {a} was cold but the {b} sauce saved it.",
-         "Nothing beats homemade {a} with fresh {b} after a long shift at the {c}."),
-        "lasagna ramen curry tacos risotto dumplings pancakes burrito".split(),
-        "garlic basil cinnamon paprika ginger saffron cilantro nutmeg".split(),
-        "bakery bistro diner food-truck kitchen cafe pizzeria brunch-spot".split(),
-    ),
-    "travel": (
-        ("Missed my {a} to {b} and now the {c} is lost too.",
-         "Two weeks in {b} with nothing but a {c} and a flexible {a}.",
-         "Pro tip for {b}: book the {a} early and skip the {c} lines.",
-         "Landed in {b}; the {a} was chaos but the {c} made it worth it.",
-         "Planning {b} next spring, any {a} advice? Already sorted the {c}."),
-        "airport train ferry cruise hostel layover passport itinerary".split(),
-        "Lisbon Kyoto Reykjavik Marrakesh Patagonia Santorini Hanoi Cusco".split(),
-        "backpack suitcase boarding-pass visa jet-lag sightseeing souvenir tour-guide".split(),
-    ),
-    "finance": (
-        ("My {c} says to rebalance the {a} before the {b} numbers come out.",
-         "Another {b} scare and my {a} took a hit again; calling the {c} tomorrow.",
-         "Moved everything to a new {c} just as {b} ticked up; the {a} look fine.",
-         "Quarterly {b} beat expectations, so the {a} jumped and the {c} is thrilled.",
-         "Should I move my {a} to a different {c} with {b} this high?"),
-        "stocks bonds dividends mortgage portfolio crypto index-fund savings".split(),
-        "interest-rate inflation earnings recession rally bear-market bull-market yield".split(),
-        "broker accountant bank hedge-fund advisor ledger brokerage credit-union".split(),
-    ),
-}
-LABELS: tuple[str, ...] = tuple(VOCAB)
-WORD_LABEL: dict[str, str] = {w.lower(): label for label, (_, *slots) in VOCAB.items() for ws in slots for w in ws}
-_WORD_RE = re.compile(r"[a-z][a-z-]*")
-LINE_RE = re.compile(
-    r"^Date: (\d{4}-\d{2}-\d{2}) \|\| User: (u\d+) \|\| Instance: (.*?)(?: \|\| Label: ([a-z]+))?$", re.MULTILINE
-)
-_START = _dt.date(2023, 1, 1).toordinal()
-_DAYS = 731  # 2023-01-01 .. 2024-12-31
-
-
-def instance(rng: random.Random, label: str) -> str:
-    templates, a, b, c = VOCAB[label]
-    return rng.choice(templates).format(a=rng.choice(a), b=rng.choice(b), c=rng.choice(c))
-
-
-def classify(text: str) -> str:
-    """The label of an instance text, from the generator's word lists (the ground truth)."""
-    votes = Counter(WORD_LABEL[w] for w in _WORD_RE.findall(text.lower()) if w in WORD_LABEL)
-    if not votes:
-        raise ValueError(f"no label word in {text!r}")
-    (label, n), *rest = votes.most_common()
-    if rest:
-        raise ValueError(f"mixed labels in {text!r}: {dict(votes)}")
-    return label
-
-
-def parse_records(context: str) -> list[tuple[str, str, str]]:
-    """(date, user, label) per line; the label is read from the line, or inferred from its text."""
-    return [(d, u, lab or classify(text)) for d, u, text, lab in LINE_RE.findall(context)]
+# The records are primefs-aggregate's: same vocabulary, line format and ground-truth labelling.
+from primefs_aggregate import LABELS, LINE_RE, VOCAB, _DAYS, _START, classify, instance, parse_records  # noqa: E402,F401
 
 
 # -- answers ----------------------------------------------------------------------------------------
