@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from .errors import PrimefsError
 from .history import iter_events
 from .session import Session, list_sessions
 
@@ -50,7 +51,13 @@ class UsageIndex:
     """Own and tree usage for every session of a workspace, read once."""
 
     def __init__(self, sessions_dir: Path):
-        self.sessions = {s.id: s for s in list_sessions(sessions_dir)}
+        self.sessions, self.problems = {}, []
+        for s in list_sessions(sessions_dir):
+            try:
+                s.meta  # a broken session.yaml is reported, not fatal for the whole workspace
+                self.sessions[s.id] = s
+            except (PrimefsError, OSError) as exc:
+                self.problems.append(str(exc))
         self.children: dict[str | None, list[str]] = defaultdict(list)
         for sid, s in self.sessions.items():
             self.children[s.meta.get("parent")].append(sid)

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import secrets
+import threading
 from typing import TYPE_CHECKING
 
 from .compaction import maybe_compact
 from .conversation import code_of_call, fenced_code, rebuild, to_messages
 from .errors import PrimefsError
-from .goalctl import BudgetExhausted
+from .goalctl import BudgetExhausted, SessionStopping
 from .harness import Harness, render_for_prompt
 from .kernel import CellResult, Kernel, cut
 from .prompt import system_prompt
@@ -46,12 +47,15 @@ class Agent:
         self.limits = runner.ws.limits(meta.get("limits") or {})
         self.kernel: Kernel | None = None
         self.kernel_lost = False  # its kernel was taken back while idle: tell the model next turn
+        self.restart_told = False  # the model was already told its kernel is gone (runner restart)
         self.kernel_via = ""  # where its kernel came from: pool, reclaimed or new (for measurements)
         self.messages: list[dict] | None = None
         self.seen_ids: set[str] = set()  # ids of messages already in history: none is shown twice
         self.turns = 0
         self.done_answer: str | None = None
         self.stop_requested = False
+        self.cell_seq = 0  # bumped when a cell ends: requests from an ended cell are void
+        self.mail_lock = threading.Lock()  # one reader of this session's mailbox at a time
         self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
         self.pending_refine: dict | None = None  # refine() asked for during the turn, done at its end
 
@@ -75,7 +79,7 @@ class Agent:
         if self.kernel is not None and self.kernel.is_alive():
             return
         # a kernel of an earlier turn is gone: died, taken back while idle, or an earlier runner's
-        lost = self.kernel is not None or self.kernel_lost or self.turns > 1
+        lost = self.kernel is not None or self.kernel_lost or (self.turns > 1 and not self.restart_told)
         if self.kernel is not None:
             self.kernel.shutdown()
         self.kernel = self.runner.kernel_for(self)
@@ -140,6 +144,10 @@ class Agent:
                 self.record("budget", reason=exc.reason, detail=str(exc))
                 self.session.set_status("stopped", stop_reason=exc.reason, error=str(exc))
                 return "stopped"
+            except SessionStopping:
+                return "stopped" if self.stop_requested else "interrupted"
+            if self.runner.stopping or self.kernel is None:
+                return "interrupted"  # the reply is in no event yet: the next runner asks again
             calls, cells = [], []
             if self.tool_mode == "native":
                 for c in reply.tool_calls:
@@ -154,7 +162,10 @@ class Agent:
                 if error:
                     self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}")
                     continue
-                res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]))
+                # the cell's requests (wait, recv) are void from the moment it is interrupted
+                res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]),
+                                          on_timeout=lambda: self.runner.cell_ended(self))
+                self.runner.cell_ended(self)
                 if res.restarted:
                     self.record("kernel", event="restarted", reason="died or would not stop")
                 self.record("cell", call_id=call_id, code=code, output=cut(res.output, int(self.limits["output_chars"])),

@@ -22,6 +22,18 @@ from .workspace import init_workspace
 err = Console(stderr=True, highlight=False)
 
 
+def _quiet_loop_teardown(unraisable, _default=sys.unraisablehook):
+    """jupyter_client leaves one asyncio loop per worker thread; at interpreter exit their __del__ may
+    find the selector already closed and print a traceback. Harmless: drop just that one."""
+    obj = getattr(unraisable, "object", None)
+    if isinstance(unraisable.exc_value, (ValueError, OSError)) and "BaseEventLoop.__del__" in repr(obj):
+        return
+    _default(unraisable)
+
+
+sys.unraisablehook = _quiet_loop_teardown
+
+
 class Group(click.Group):
     def invoke(self, ctx):
         try:
@@ -103,6 +115,8 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
             raise PrimefsError("bad --end-condition: use NAME=ARG, e.g. 'command=pytest -q'")
         extra["end_conditions"] = check_end_conditions([{name: arg} for name, _, arg in pairs], "--end-condition",
                                                        end_conditions(plugin_manager(ws.root)))
+    if heartbeat_prompt and not heartbeat:
+        raise PrimefsError("--heartbeat-prompt needs --heartbeat SCHEDULE")
     if heartbeat:
         from .heartbeat import from_spec
 
@@ -145,9 +159,11 @@ def _pairs(pairs, flag: str, known, number: bool = False) -> dict:
 
 
 def parse_limits(pairs) -> dict:
-    from .workspace import DEFAULT_LIMITS
+    from .workspace import DEFAULT_LIMITS, check_limits
 
-    return _pairs(pairs, "--limit", DEFAULT_LIMITS, number=True)
+    limits = _pairs(pairs, "--limit", DEFAULT_LIMITS, number=True)
+    check_limits(limits, "--limit")
+    return limits
 
 
 def _short(text: str | None, n: int = 60) -> str:
@@ -188,9 +204,14 @@ def goal_problems(ws) -> list[str]:
 
     from .harness import Harness
 
-    taken = {s.meta.get("goal") for s in list_sessions(ws.sessions)}
+    from .runner import broken_goal_line
+
+    index = UsageIndex(ws.sessions)
+    taken = {s.meta.get("goal") for s in index.sessions.values()}
+    taken |= {broken_goal_line(s.dir / "session.yaml") for s in list_sessions(ws.sessions) if s.id not in index.sessions}
     conditions = None
     problems = [f"error: harness file skipped: {e.problem}" for e in Harness(ws).list(all_sessions=True) if e.problem]
+    problems += [f"error: session skipped: {p}" for p in index.problems]
     for path in goal_files(ws):
         rel = path.relative_to(ws.root).as_posix()
         if rel in taken:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .cliopts import ws_option
 from .errors import PrimefsError
 
 
@@ -25,14 +26,18 @@ from .errors import PrimefsError
 @click.option("--oracle", is_flag=True, help="Score the benchmark's reference solver: no model at all.")
 @click.option("--list", "list_", is_flag=True, help="List the benchmarks of all installed plugins.")
 @click.option("--json", "as_json", is_flag=True, help="With --list: JSON. Otherwise print summary.json.")
-@click.option("-w", "--workspace", "ws_dir", metavar="DIR", help="Run the items in this workspace "
-              "(default: a fresh one inside the output folder).")
-def eval_cmd(bench, model, n, seed, config, out, concurrency, oracle, list_, as_json, ws_dir):
-    """Run N items of benchmark BENCH as root sessions; write results.jsonl and summary.json."""
+@ws_option
+@click.pass_context
+def eval_cmd(ctx, bench, model, n, seed, config, out, concurrency, oracle, list_, as_json):
+    """Run N items of benchmark BENCH as root sessions; write results.jsonl and summary.json.
+
+    The items run in a fresh workspace inside the output folder, or with -w in that workspace
+    (its primefs.yaml is not changed: the eval's model and limits go into each item's session)."""
     from .evaluate import load_config, run_eval
     from .plugins import benchmarks, plugin_manager
     from .workspace import find_workspace
 
+    ws_dir = (ctx.obj or {}).get("workspace")
     ws = find_workspace(ws_dir) if ws_dir else None
     if list_:
         found = benchmarks(plugin_manager(ws.root if ws else None))

@@ -53,6 +53,10 @@ def list_cmd(ctx, kind, as_json):
 def show(ctx, kind, name, session):
     """Print one entry: its file, front matter and body."""
     ws = _ws(ctx)
+    if session:
+        from .session import find_session
+
+        session = find_session(ws.sessions, session).id
     e = Harness(ws).get(kind, name, sessions=session_chain(ws, session) if session else ())
     if e is None:
         raise PrimefsError(f"no {kind} named {name!r} in the harness")
@@ -66,8 +70,8 @@ def show(ctx, kind, name, session):
 @harness_group.command("put")
 @click.argument("kind", type=click.Choice(KINDS))
 @click.argument("name")
-@click.option("--body", "body_file", type=click.File("r"), default="-", show_default=True,
-              help="File with the Markdown body ('-': standard input).")
+@click.option("--body", "body_file", type=click.File("r"), default=None,
+              help="File with the Markdown body ('-': standard input). Without it an update keeps the body.")
 @click.option("--description", "-d", help="One line: what it is, when to use it.")
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True)
 @click.option("--session", help="The session (for --scope session).")
@@ -75,8 +79,13 @@ def show(ctx, kind, name, session):
 @click.pass_context
 def put(ctx, kind, name, body_file, description, scope, session):
     """Create or update an entry (committed with Primefs-Source: user)."""
-    sha = Harness(_ws(ctx)).put(kind, name, body_file.read(), scope=scope, session=session, description=description,
-                                source="user")
+    ws = _ws(ctx)
+    if session:
+        from .session import find_session
+
+        session = find_session(ws.sessions, session).id
+    sha = Harness(ws).put(kind, name, body_file.read() if body_file else None, scope=scope, session=session,
+                          description=description, source="user")
     click.echo(sha or "no change")
 
 
@@ -163,10 +172,10 @@ def refine_cmd(ctx, session, instructions, scope, model):
             write_atomic(s.dir / REFINE_FILE, json.dumps(request))
             click.echo(f"refine requested; the running runner applies it (see `primefs log {s.id}`)")
             return
-        fcntl.flock(lock, fcntl.LOCK_UN)
-    runner = Runner(ws, log=lambda m: click.echo(m, err=True))
-    runner.load_tree()
-    result = runner.perform_refine(runner.agent(s.id), **request)
+        # holding the runner lock: no runner can start and write this history meanwhile
+        runner = Runner(ws, log=lambda m: click.echo(m, err=True))
+        runner.load_tree()
+        result = runner.perform_refine(runner.agent(s.id), **request)
     for a in result["applied"]:
         click.echo(f"applied {a['op']} {a['kind']}/{a['name']}: {a['commit']}")
     for r in result["rejected"]:

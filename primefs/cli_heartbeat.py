@@ -23,6 +23,7 @@ class HeartbeatGroup(click.Group):
 
 
 @click.group("heartbeat", cls=HeartbeatGroup)
+@ws_option
 def heartbeat_group():
     """Re-enter a session on a schedule with a fixed prompt, delivered as `kind: heartbeat` mail.
 

@@ -20,7 +20,7 @@ from .gitops import git
 from .goalctl import check_budget, check_end_conditions
 from .plugins import benchmarks, end_conditions, plugin_manager
 from .session import create_session
-from .workspace import Workspace, init_workspace
+from .workspace import Workspace, check_limits, init_workspace
 
 CONFIG_KEYS = {"benchmark", "n", "seed", "model", "models", "limits", "budget", "end_conditions", "autonomous",
                "refine", "concurrency"}
@@ -46,21 +46,23 @@ def load_config(path: str | None, overrides: dict) -> dict:
     return cfg
 
 
-def prepare_workspace(out: Path, cfg: dict, given: Workspace | None) -> Workspace:
-    ws = given or init_workspace(out / "workspace")
-    conf_path = ws.root / "primefs.yaml"
-    conf = load_yaml(conf_path)
-    if cfg.get("models"):
-        conf.setdefault("models", {}).update(cfg["models"])
-    if cfg.get("model"):
-        conf["model"] = cfg["model"]
-    limits = dict(cfg.get("limits") or {})
-    limits["max_concurrent_sessions"] = max(int(limits.get("max_concurrent_sessions", 0)), cfg["concurrency"])
-    conf.setdefault("limits", {}).update(limits)
-    conf_path.write_text(dump_yaml(conf))
-    ws = Workspace(ws.root)
-    ws.resolve_model(ws.default_model())  # a bad model fails here, before any item runs
-    return ws
+def prepare_workspace(out: Path, cfg: dict, given: Workspace | None) -> tuple[Workspace, str]:
+    """The workspace and the model the items use. A fresh workspace gets the eval's aliases in its
+    primefs.yaml; a given one is left as it is (its aliases must already be there)."""
+    if given is None:
+        ws = init_workspace(out / "workspace")
+        if cfg.get("models"):
+            conf = load_yaml(ws.root / "primefs.yaml")
+            conf.setdefault("models", {}).update(cfg["models"])
+            (ws.root / "primefs.yaml").write_text(dump_yaml(conf))
+            ws = Workspace(ws.root)
+    else:
+        ws = given
+        if cfg.get("models"):
+            raise PrimefsError("with -w, define model aliases in the workspace's primefs.yaml, not in the eval config")
+    model = cfg.get("model") or ws.config.get("model") or "local"  # the eval's choice, not $PRIMEFS_MODEL
+    ws.resolve_model(model)  # a bad model fails here, before any item runs
+    return ws, model
 
 
 def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, workspace: Workspace | None = None,
@@ -75,12 +77,15 @@ def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, wor
     if cfg.get("end_conditions") is not None:
         cfg["end_conditions"] = check_end_conditions(cfg["end_conditions"], "eval config", end_conditions(pm))
     items = list(bench.items(cfg["n"], cfg["seed"]))
-    ws = None if oracle else prepare_workspace(out, cfg, workspace)
+    ws, model = (None, None) if oracle else prepare_workspace(out, cfg, workspace)
+    if ws is not None:
+        check_limits(cfg.get("limits") or {}, "eval config")
     commit = git(ws.root, "rev-parse", "HEAD", check=False).stdout.strip() if ws else None
     (out / "config.yaml").write_text(dump_yaml({**cfg, "benchmark": bench_name, "oracle": oracle,
-                                                "primefs_version": __version__, "workspace_commit": commit,
+                                                "model": model, "primefs_version": __version__,
+                                                "workspace_commit": commit,
                                                 "workspace": str(ws.root) if ws else None}))
-    rows = _run_oracle(bench, items, progress) if oracle else _run_sessions(ws, bench, items, cfg, progress)
+    rows = _run_oracle(bench, items, progress) if oracle else _run_sessions(ws, model, bench, items, cfg, progress)
     with open(out / "results.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r, default=str) + "\n")
@@ -109,10 +114,12 @@ def _run_oracle(bench, items, progress) -> list[dict]:
     return rows
 
 
-def _run_sessions(ws: Workspace, bench, items, cfg, progress) -> list[dict]:
+def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> list[dict]:
     from .runner import Runner
 
     control = {k: cfg[k] for k in ("budget", "end_conditions") if cfg.get(k)}
+    if cfg.get("limits"):
+        control["limits"] = cfg["limits"]  # per item session; the workspace config stays as it is
     if cfg.get("autonomous"):
         control["autonomous"] = True
     sessions = {}
@@ -120,10 +127,11 @@ def _run_sessions(ws: Workspace, bench, items, cfg, progress) -> list[dict]:
         ctx = item.get("context")
         files = {} if ctx is None else ({"context.txt": ctx} if isinstance(ctx, str)
                                         else {"context.json": json.dumps(ctx, ensure_ascii=False)})
-        s = create_session(ws.sessions, task=item["task"], name=item["id"], model=ws.default_model(),
+        s = create_session(ws.sessions, task=item["task"], name=item["id"], model=model,
                            extra={**control, "eval": True}, files=files)
         sessions[item["id"]] = s
     runner = Runner(ws, log=lambda m: None)
+    runner.limits["max_concurrent_sessions"] = cfg["concurrency"]
     failure: list[BaseException] = []
 
     def run():

@@ -32,6 +32,7 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; workspace files are ordinary files
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             if durable:

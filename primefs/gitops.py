@@ -97,6 +97,8 @@ class Committer:
                 commit_paths(self.root, sorted(batch), subject + body)
             except subprocess.CalledProcessError as exc:
                 self.errors.append((exc.stderr or str(exc)).strip())
+            except Exception as exc:  # the committer thread must outlive any one failure
+                self.errors.append(f"{type(exc).__name__}: {exc}")
             finally:
                 with self._cond:
                     self._busy = False

@@ -23,6 +23,10 @@ BUDGET_KEYS = {"turns": "budget:turns", "tokens": "budget:tokens", "seconds": "b
                "cost_usd": "budget:cost"}
 
 
+class SessionStopping(Exception):
+    """The session was stopped or the runner is stopping: no more model calls are paid for."""
+
+
 class BudgetExhausted(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
@@ -97,7 +101,7 @@ class GoalControl:
         meta = self.runner.session(holder).meta
         started = meta.get("started_ts")
         agent = self.runner.agents.get(holder)
-        turns = agent.turns if agent else 0
+        turns = agent.turns if agent else len(self.runner.session(holder).events("turn_start"))
         return {"turns": turns, "tokens": int(tokens), "cost_usd": round(cost, 10),
                 "seconds": round(time.time() - started, 3) if started else 0.0}
 
@@ -117,6 +121,8 @@ class GoalControl:
         return None
 
     def before_model_call(self, agent: "Agent") -> None:
+        if agent.stop_requested or self.runner.stopping:
+            raise SessionStopping("the session or the runner is stopping")
         hit = self.exhausted(agent.session.id)
         if hit:
             raise BudgetExhausted(*hit)

@@ -11,7 +11,7 @@ from .errors import PrimefsError
 from .fsutil import check_name, write_new
 from .goalctl import check_budget, check_end_conditions
 from .heartbeat import from_spec
-from .workspace import DEFAULT_LIMITS, Workspace
+from .workspace import Workspace, check_limits
 
 GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat"}
 
@@ -60,11 +60,7 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
     limits = meta.get("limits") or {}
     if not isinstance(limits, dict):
         raise PrimefsError(f"{rel}: `limits:` must be a mapping")
-    for key, value in limits.items():
-        if key not in DEFAULT_LIMITS:
-            raise PrimefsError(f"{rel}: unknown limit {key!r} (known: {', '.join(DEFAULT_LIMITS)})")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise PrimefsError(f"{rel}: limit {key} must be a number, not {value!r}")
+    check_limits(limits, rel)
     control = {}
     if "autonomous" in meta:
         if not isinstance(meta["autonomous"], bool):

@@ -65,9 +65,18 @@ def next_after(schedule: dict, t: float) -> float:
     if "every" in schedule:
         return t + schedule["every"]
     minute, hour, dom, month, dow = (set(f) for f in schedule["cron"])
+    # as in cron: when both day fields are restricted, a day matching either one fires
+    dom_any, dow_any = len(dom) == 31, len(dow) == 7
+
+    def day_ok(d: datetime) -> bool:
+        in_dom, in_dow = d.day in dom, (d.weekday() + 1) % 7 in dow
+        if dom_any or dow_any:
+            return in_dom and in_dow
+        return in_dom or in_dow
+
     d = datetime.fromtimestamp(t).replace(second=0, microsecond=0) + timedelta(minutes=1)
     for _ in range(366 * 24 * 60):
-        if d.month not in month or d.day not in dom or (d.weekday() + 1) % 7 not in dow:
+        if d.month not in month or not day_ok(d):
             d = (d + timedelta(days=1)).replace(hour=0, minute=0)
             continue
         if d.hour not in hour:

@@ -70,6 +70,12 @@ class Kernel:
         self.kc = self.km.blocking_client()
         self.kc.start_channels(hb=False)  # liveness comes from the process; saves a thread per kernel
         self._wait_ready()
+        # The file holds the key that signs messages to this kernel; code in other kernels (same user)
+        # could read it and drive this one. Both sides have it in memory now: remove it.
+        try:
+            os.unlink(self.km.connection_file)
+        except OSError:
+            pass
         if self.bootstrap:
             result = self.execute(self.bootstrap, timeout=60)
             if result.error:
@@ -103,8 +109,9 @@ class Kernel:
     def is_alive(self) -> bool:
         return self.km is not None and self.km.is_alive()
 
-    def execute(self, code: str, timeout: float | None = None) -> CellResult:
-        """Run a cell; interrupt it past `timeout` seconds; restart the kernel if it dies."""
+    def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
+        """Run a cell; interrupt it past `timeout` seconds (calling `on_timeout` first); restart the
+        kernel if it dies."""
         started = time.monotonic()
         result = CellResult()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
@@ -124,6 +131,8 @@ class Kernel:
                         break
                 if deadline and now > deadline and interrupted_at is None:
                     result.timed_out = True
+                    if on_timeout:
+                        on_timeout()
                     self.km.interrupt_kernel()
                     interrupted_at = now
                 elif interrupted_at is not None and now - interrupted_at > 5:
@@ -148,6 +157,8 @@ class Kernel:
                 result.parts.clear()
             if deadline and time.monotonic() > deadline and interrupted_at is None:
                 result.timed_out = True
+                if on_timeout:
+                    on_timeout()
                 self.km.interrupt_kernel()
                 interrupted_at = time.monotonic()
         self._drain_shell()

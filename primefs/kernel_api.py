@@ -126,7 +126,7 @@ class HistoryAPI:
                     continue
                 if type is None or e.get("type") == type:
                     out.append(e)
-        return out[-last:] if last else out
+        return out[-last:] if last else (out if last is None else [])
 
     def search(self, pattern: str, type: str | None = None) -> list[dict]:
         """Events whose text (any string field) matches the regular expression `pattern`."""
@@ -240,5 +240,5 @@ def setup(ns: dict, sock: str, token: str, session_id: str, context_paths: list[
     ns.update(context=load_context(context_paths, context_data), done=done, llm=llm, llm_batch=llm_batch,
               rlm=rlm, wait_all=wait_all, goal_status=goal_status, harness=HarnessAPI(link), refine=refine,
               heartbeat=heartbeat,
-              history=HistoryAPI(f"sessions/{session_id}/history.jsonl"), send=send, inbox=inbox, recv=recv, Handle=Handle,
+              history=HistoryAPI(str(Path(f"sessions/{session_id}/history.jsonl").resolve())), send=send, inbox=inbox, recv=recv, Handle=Handle,
               ChildFailed=ChildFailed, SESSION_ID=session_id)

@@ -15,15 +15,25 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from .kernel import Kernel
+from .kernel import Kernel, kernel_env
 
+# Before another session uses a kernel: clear the namespace, restore the working directory and the
+# environment, and reload primefs's own kernel modules (a session may have patched them). Imported
+# third-party modules and running threads are NOT reset: set limits.reuse_kernels to 0 when sessions
+# must not share a process even one after the other.
 RESET = ("get_ipython().reset(new_session=False)\n"
-         "import os as _os; _os.chdir({root!r}); del _os")
+         "import os as _os, importlib as _il, sys as _sys\n"
+         "_os.chdir({root!r}); _os.environ.clear(); _os.environ.update({env!r})\n"
+         "for _m in ('primefs.rpc', 'primefs.kernel_api'):\n"
+         "    if _m in _sys.modules: _il.reload(_sys.modules[_m])\n"
+         "_sys.modules.pop('skills', None)\n"
+         "del _os, _il, _sys")
 
 
 class KernelPool:
-    def __init__(self, runtime_dir: Path, cwd: Path, size: int, max_starts: int | None = None):
+    def __init__(self, runtime_dir: Path, cwd: Path, size: int, max_starts: int | None = None, reuse: bool = True):
         self.runtime_dir, self.cwd, self.size = Path(runtime_dir), Path(cwd), max(0, int(size))
+        self.reuse = reuse  # reset and hand used kernels to other sessions (else: shut them down)
         self.max_starts = max_starts or os.cpu_count() or 2
         self._ready: list[Kernel] = []
         self._launching: set[Kernel] = set()  # kernels being started now (killed if the pool closes)
@@ -88,6 +98,8 @@ class KernelPool:
         """A kernel for a session and where it came from: "pool", "reclaimed" or "new"."""
         while True:
             with self._cond:
+                if self._closed:
+                    raise RuntimeError("the kernel pool is closed (the runner is stopping)")
                 k = self._ready.pop() if self._ready else None
                 self._cond.notify_all()  # the filler may start a replacement
             if k is not None:
@@ -118,9 +130,9 @@ class KernelPool:
 
     def reset(self, k: Kernel) -> bool:
         """Clear a used kernel for another session. False if it could not be reset (then shut it down)."""
-        if not k.is_alive():
+        if not self.reuse or not k.is_alive():
             return False
-        r = k.execute(RESET.format(root=str(self.cwd)), timeout=10)
+        r = k.execute(RESET.format(root=str(self.cwd), env=kernel_env()), timeout=10)
         k.bootstrap = None
         return not (r.error or r.timed_out or r.restarted)
 

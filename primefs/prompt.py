@@ -21,14 +21,15 @@ KERNEL_API = """## Kernel API (already defined in your kernel)
 - `context`: your input data ({context_desc}).
 - `llm(prompt, model=None) -> str`: one plain model call (no tools, no kernel), e.g. to read or \
 classify a chunk of `context`. `llm_batch(prompts, model=None) -> list[str]`: many, in parallel.
-- `rlm(task, name=None, model=None, context=None) -> Handle`: start a child agent with its own kernel \
+- `rlm(task, name=None, model=None, context=None, agent=None) -> Handle`: start a child agent with its own kernel \
 on a sub-task; `context` (str or JSON data) becomes its `context`. Returns at once. `h.wait(timeout=None)` \
 returns its answer (raises `ChildFailed` if it failed); `wait_all(handles)`; `h.status`, `h.result`, \
 `h.send(text)` (a finished child takes a new turn). Split big inputs into chunks and fan out.
 - `send(to, text)`: mail "parent", "children", "all", a child's name or a session id. `inbox()` returns \
 unread messages; `recv(timeout=None)` waits for one. Mail that arrives while you work is shown to you.
 - `done(answer)`: record `answer` as your final result and end the turn after this cell. \
-`goal_status()`: your goal, budgets used and left, end-condition results.
+`goal_status()`: your goal, budgets used and left, end-condition results. \
+`heartbeat(every="10m", prompt=...)`: be woken on a schedule.
 - `harness.put(kind, name, body, scope="global", description=None)`, `harness.get/list/delete`: keep \
 notes, memories, skills and subagent specs (kind: note, memory, skill, agent) for later turns and \
 sessions. `from skills import <name>` imports a skill's Python; `rlm(task, agent="<spec>")` starts a \

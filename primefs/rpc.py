@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from .errors import PrimefsError
+
 Handler = Callable[[str, str, dict], object]  # (token, op, args) -> JSON-able result
 
 
@@ -48,7 +50,8 @@ class RpcServer:
                     result = outer.handler(req.get("token", ""), req["op"], req.get("args") or {})
                     reply = {"ok": True, "result": result}
                 except Exception as exc:  # becomes an exception in the cell, not a runner crash
-                    reply = {"ok": False, "error": str(exc), "type": type(exc).__name__}
+                    kind = "PrimefsError" if isinstance(exc, PrimefsError) else type(exc).__name__
+                    reply = {"ok": False, "error": str(exc), "type": kind}
                 try:
                     self.wfile.write((json.dumps(reply, default=str) + "\n").encode())
                 except OSError:

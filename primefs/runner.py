@@ -36,6 +36,28 @@ STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and 
 REFINE_FILE = "refine.request"  # written by `primefs refine` while a runner runs
 
 
+def hide_from_same_user() -> None:
+    """Make this process non-dumpable (Linux): other processes of the same user, the kernels among
+    them, can then no longer read its /proc/<pid>/environ (API keys) or attach to it. No effect for root."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except Exception:  # not Linux, or no prctl: nothing to do
+        pass
+
+
+def broken_goal_line(path: Path) -> str | None:
+    """The `goal:` of a session.yaml too broken to parse, read as a plain line."""
+    try:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("goal: ") and line[6:].strip() not in ("", "null"):
+                return line[6:].strip().strip("'\"")
+    except OSError:
+        pass
+    return None
+
+
 class RunnerLock:
     """One runner per workspace: an OS lock, released by the kernel if the runner dies."""
 
@@ -96,13 +118,15 @@ class Runner:
     # -- lifecycle --------------------------------------------------------------------------------
     def run(self, once: bool = False) -> None:
         self.lock = RunnerLock(self.ws)
+        hide_from_same_user()
         self.started_at = time.time()
         observer = None
         self._handle_sigterm()
         try:
             self.committer = Committer(self.ws.root)
             self.rpc = RpcServer(self.ws.runtime / "rpc.sock", self.services.handle)
-            self.pool = KernelPool(self.ws.runtime / "kernels", self.ws.root, int(self.limits["kernel_pool"]))
+            self.pool = KernelPool(self.ws.runtime / "kernels", self.ws.root, int(self.limits["kernel_pool"]),
+                                   reuse=bool(self.limits["reuse_kernels"]))
             self.recover()
             self.tick_heartbeats()  # ticks missed while no runner ran: one coalesced message each
             self.scan()
@@ -111,7 +135,7 @@ class Runner:
             last_scan = last_state = time.monotonic()
             self.write_state()
             while True:
-                if not once and time.monotonic() - last_scan > RESCAN_S:
+                if time.monotonic() - last_scan > RESCAN_S:
                     self.scan()  # watchdog events are hints; the listing is the truth
                     last_scan = time.monotonic()
                 if time.monotonic() - last_state > STATE_S:
@@ -182,8 +206,12 @@ class Runner:
         with self.cond:
             self.cond.notify_all()  # release waiters in wait()/recv()
         for agent in list(self.agents.values()):
-            if agent.kernel is not None:
-                agent.kernel.interrupt()
+            kernel = agent.kernel
+            if kernel is not None:
+                try:
+                    kernel.interrupt()
+                except Exception:  # already gone
+                    pass
         for t in self.threads:
             t.join(10)
         shutdown_all([k for k in (a.release_kernel() for a in list(self.agents.values())) if k is not None])
@@ -261,8 +289,11 @@ class Runner:
         for s in list_sessions(self.ws.sessions):
             try:
                 meta = s.meta
-            except PrimefsError as exc:
-                self.log(f"warning: {exc}")
+            except (PrimefsError, OSError) as exc:
+                self.log(f"warning: session {s.id} skipped: {exc}")
+                goal = broken_goal_line(s.dir / "session.yaml")
+                if goal:  # its goal stays taken: never start a goal twice
+                    self.claimed_goals.add(goal)
                 continue
             self._link(s.id, meta.get("parent"))
             if meta.get("goal"):
@@ -281,13 +312,16 @@ class Runner:
     def scan(self) -> None:
         self.scan_goals()
         for s in list_sessions(self.ws.sessions):
-            if (s.dir / STOP_FILE).exists():
-                self.apply_stop(s.id)
-                continue
-            if (s.dir / REFINE_FILE).exists():
-                self.apply_refine_request(s.id)
-            if mail.new_files(s.mail):
-                self.check_mail(s.id)
+            try:
+                if (s.dir / STOP_FILE).exists():
+                    self.apply_stop(s.id)
+                    continue
+                if (s.dir / REFINE_FILE).exists():
+                    self.apply_refine_request(s.id)
+                if mail.new_files(s.mail):
+                    self.check_mail(s.id)
+            except (PrimefsError, OSError) as exc:  # one broken session never stops the others
+                self.log(f"warning: session {s.id}: {exc}")
 
     def scan_goals(self) -> None:
         with self.cond:
@@ -328,10 +362,13 @@ class Runner:
 
     def check_mail(self, sid: str) -> None:
         with self.cond:
-            if sid not in self.active and (self.ws.sessions / sid / "session.yaml").exists():
-                s = self.session(sid)
-                if s.reload().get("status") != "stopped" and mail.new_files(s.mail):
-                    self.work.add(sid)
+            try:
+                if sid not in self.active and (self.ws.sessions / sid / "session.yaml").exists():
+                    s = self.session(sid)
+                    if s.reload().get("status") != "stopped" and mail.new_files(s.mail):
+                        self.work.add(sid)
+            except (PrimefsError, OSError) as exc:
+                self.log(f"warning: session {sid}: {exc}")
             self.cond.notify_all()  # also wakes recv() waiting in this session
 
     def _dispatch(self) -> None:
@@ -385,6 +422,8 @@ class Runner:
                 self._turn(agent)
         except Exception as exc:  # never let one session take the runner down
             self.log(f"error in session {sid}: {type(exc).__name__}: {exc}")
+            if self.stopping:  # torn down under it: resumable, not failed
+                return
             try:
                 s = self.session(sid)
                 s.history.append("error", error=f"{type(exc).__name__}: {exc}")
@@ -414,6 +453,7 @@ class Runner:
             return True
         if status == "running":  # the previous runner stopped mid-turn
             self._close_interrupted_cells(agent)
+            agent.restart_told = True
             agent.record("notice", text="The runner restarted while you were working; the last cell was "
                                         "interrupted and your kernel variables are gone (`context` is loaded "
                                         "again). Rebuild what you need and continue.")
@@ -424,7 +464,17 @@ class Runner:
             agent.record("notice", text=agent.pending_notice)
             agent.pending_notice = None
             return True
-        return self.take_mail(agent) > 0
+        return self.take_mail(agent) > 0 or self._unanswered_input(agent)
+
+    @staticmethod
+    def _unanswered_input(agent: Agent) -> bool:
+        """A message recorded after the last turn ended, with no turn since: a runner died in between."""
+        for e in reversed(agent.session.events()):
+            if e["type"] in ("turn_end", "turn_start"):
+                return False
+            if e["type"] == "message" and not e.get("read_by"):
+                return True
+        return False
 
     def _close_interrupted_cells(self, agent: Agent) -> None:
         """Code the model asked for that never reported back (the runner died mid-cell) gets an
@@ -548,10 +598,9 @@ class Runner:
             evict = []
             while len(self.idle_kernels) > int(self.limits["max_idle_kernels"]):
                 sid, _ = self.idle_kernels.popitem(last=False)
-                evict.append(self.agents[sid])
+                evict.append(self.agents[sid].release_kernel())  # under the lock: it cannot start a turn now
         self.pool.notify()  # a session waiting for a kernel may reuse this one
-        for a in evict:
-            kernel = a.release_kernel()
+        for kernel in evict:
             if kernel is not None:
                 self.pool.give_back(kernel)
 
@@ -595,29 +644,34 @@ class Runner:
 
     def take_mail(self, agent: Agent) -> int:
         """Show the session's unread mail to the model (as user messages). Returns how many."""
-        got = self._claim_all(agent)
-        for msg, claimed in got:
-            self._record_message(agent, msg, claimed, None)
+        with agent.mail_lock:
+            got = self._claim_all(agent)
+            for msg, claimed in got:
+                self._record_message(agent, msg, claimed, None)
         return len(got)
 
-    def read_mail(self, agent: Agent, limit: int | None = None) -> list[mail.Message]:
+    def read_mail(self, agent: Agent, limit: int | None = None, cell: int | None = None) -> list[mail.Message]:
         """inbox()/recv(): unread messages handed to code; recorded, not shown as prompts."""
-        got = self._claim_all(agent, limit=limit)
-        for msg, claimed in got:
-            self._record_message(agent, msg, claimed, "code")
+        with agent.mail_lock:
+            self._check_cell(agent, cell)
+            got = self._claim_all(agent, limit=limit)
+            for msg, claimed in got:
+                self._record_message(agent, msg, claimed, "code")
         return [m for m, _ in got]
 
-    def consume_results(self, agent: Agent, child: str) -> None:
+    def consume_results(self, agent: Agent, child: str, cell: int | None = None) -> None:
         """wait() returned a child's result: its `kind: result` mail is read, not a reason for a new turn.
 
         The runner knows which files it delivered, so no mailbox scan is needed; mail already
         claimed (shown to the model before its next call) is left alone."""
-        with self.cond:
-            sent = self.result_mail.get(agent.session.id, {}).pop(child, [])
-        for msg in sent:
-            claimed = mail.claim(msg.path)
-            if claimed is not None:
-                self._record_message(agent, msg, claimed, "wait")
+        with agent.mail_lock:
+            self._check_cell(agent, cell)
+            with self.cond:
+                sent = self.result_mail.get(agent.session.id, {}).pop(child, [])
+            for msg in sent:
+                claimed = mail.claim(msg.path)
+                if claimed is not None and msg.id not in agent.seen_ids:
+                    self._record_message(agent, msg, claimed, "wait")
 
     def wait_mail(self, sid: str, timeout: float) -> None:
         with self.cond:
@@ -654,7 +708,17 @@ class Runner:
         raise LookupError(f"unknown recipient {to!r}: use a session id, a child's name, "
                           "'parent', 'children' or 'all'")
 
-    def wait_idle(self, agent: Agent, child: str, timeout: float | None) -> bool:
+    def cell_ended(self, agent: Agent) -> None:
+        with self.cond:
+            agent.cell_seq += 1
+            self.cond.notify_all()  # requests still waiting for that cell give up
+
+    @staticmethod
+    def _check_cell(agent: Agent, cell: int | None) -> None:
+        if cell is not None and agent.cell_seq != cell:
+            raise RuntimeError("the cell that asked has ended (interrupted); this request is void")
+
+    def wait_idle(self, agent: Agent, child: str, timeout: float | None, cell: int | None = None) -> bool:
         """Block until the child has no turn running or queued and no unread mail. Frees the caller's slot."""
         deadline = None if timeout is None else time.monotonic() + timeout
         me = agent.session.id
@@ -663,6 +727,7 @@ class Runner:
             self.cond.notify_all()
             try:
                 while True:
+                    self._check_cell(agent, cell)
                     if self._settled(child):
                         return True
                     if self.stopping or agent.stop_requested:
@@ -746,7 +811,7 @@ class Runner:
         """With no spare kernel ready, reuse the kernel of the longest-idle session (reset first)
         rather than start one more: starts cost ~0.35 CPU-s each. That session gets a fresh
         kernel, and is told so, if it ever takes another turn."""
-        while True:
+        while self.pool.reuse:
             with self.cond:
                 if not self.idle_kernels:
                     return None

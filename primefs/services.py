@@ -53,10 +53,13 @@ class KernelServices:
     def op_llm_batch(self, agent, prompts: list[str], model: str | None = None) -> list[str]:
         settings = self._settings(agent, model)
         workers = max(1, min(len(prompts), int(agent.limits["llm_batch_concurrency"])))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-batch") as pool:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-batch")
+        try:
             futures = [pool.submit(self.runner.complete, agent, [{"role": "user", "content": p}], None,
                                    purpose="llm_batch", settings=settings) for p in prompts]
             return [f.result().text for f in futures]
+        finally:  # after a failure, calls not yet started are cancelled (not paid for)
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def op_done(self, agent, answer: str) -> bool:
         refusal = self.runner.goals.refuse_done(agent)
@@ -114,10 +117,11 @@ class KernelServices:
 
     def op_wait(self, agent, child: str, timeout: float | None = None) -> str:
         s = self._child(agent, child)
-        if not self.runner.wait_idle(agent, child, timeout):
+        cell = agent.cell_seq  # the cell that asked; if it ends (interrupted), this request is void
+        if not self.runner.wait_idle(agent, child, timeout, cell=cell):
             raise TimeoutError(f"child {s.name} ({child}) still running after {timeout} s")
         meta = s.reload()
-        self.runner.consume_results(agent, child)
+        self.runner.consume_results(agent, child, cell=cell)
         if meta.get("status") == "failed":
             raise ChildFailed(f"child {s.name} ({child}) failed: {meta.get('error')}")
         if meta.get("status") == "stopped":
@@ -184,8 +188,9 @@ class KernelServices:
 
     def op_recv(self, agent, timeout: float | None = None) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout
+        cell = agent.cell_seq
         while True:
-            msgs = self.runner.read_mail(agent, limit=1)
+            msgs = self.runner.read_mail(agent, limit=1, cell=cell)
             if msgs:
                 return _msg(msgs[0])
             left = None if deadline is None else deadline - time.monotonic()

@@ -32,8 +32,24 @@ DEFAULT_LIMITS = {
     "memory_prompt_chars": 4000,
     "refine_events": 60,
     "compact_at_tokens": 0,  # 0: 3/4 of the model's input window (when litellm knows it)
+    "reuse_kernels": 1,  # 1: a reset kernel may pass to another session; 0: one process per session
 }
 TOOL_MODES = ("native", "fenced")
+AT_LEAST_ONE = {"max_steps_per_turn", "max_concurrent_sessions", "llm_batch_concurrency"}
+POSITIVE = {"cell_timeout_s"}
+
+
+def check_limits(limits: dict, where: str) -> None:
+    """Known keys, numbers; counts and timeouts that must be positive (0 would hang or stop everything)."""
+    for key, value in limits.items():
+        if key not in DEFAULT_LIMITS:
+            raise PrimefsError(f"{where}: unknown limit {key!r} (known: {', '.join(DEFAULT_LIMITS)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise PrimefsError(f"{where}: limit {key} must be a non-negative number, not {value!r}")
+        if key in AT_LEAST_ONE and value < 1:
+            raise PrimefsError(f"{where}: limit {key} must be at least 1, not {value!r}")
+        if key in POSITIVE and value <= 0:
+            raise PrimefsError(f"{where}: limit {key} must be above 0, not {value!r}")
 
 
 def find_workspace(explicit: str | None = None) -> "Workspace":
@@ -62,8 +78,11 @@ def init_workspace(target: Path, source: Path | None = None) -> "Workspace":
     src = Path(source) if source else TEMPLATES
     if not (src / CONFIG).is_file():
         raise PrimefsError(f"{src} is not a workspace template (no {CONFIG})")
-    shutil.copytree(src, target, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns(".git", "__pycache__", ".primefs"))
+    try:
+        shutil.copytree(src, target, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(".git", "__pycache__", ".primefs"))
+    except OSError as exc:
+        raise PrimefsError(f"cannot create the workspace at {target}: {exc.strerror or exc}") from None
     ws = Workspace(target)
     for d in ("goals", "sessions", "plugins", "harness/notes", "harness/memory", "harness/skills", "harness/agents"):
         (target / d).mkdir(parents=True, exist_ok=True)
@@ -113,11 +132,7 @@ class Workspace:
     def limits(self, overrides: dict | None = None) -> dict:
         limits = dict(DEFAULT_LIMITS)
         configured = self.config.get("limits") or {}
-        for key, value in configured.items():
-            if key not in DEFAULT_LIMITS:
-                raise PrimefsError(f"{CONFIG}: unknown limit {key!r} (known: {', '.join(DEFAULT_LIMITS)})")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise PrimefsError(f"{CONFIG}: limit {key} must be a non-negative number, not {value!r}")
+        check_limits(configured, CONFIG)
         limits.update(configured)
         limits.update(overrides or {})
         return limits

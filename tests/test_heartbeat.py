@@ -90,3 +90,12 @@ def test_cli_and_kernel_heartbeats(ws):
     bad = cli("heartbeat", "k", "whenever", "x")
     assert bad.returncode == 1 and "bad heartbeat schedule" in bad.stderr
     assert cli("heartbeat", "rm", "k", "hb-nope").returncode == 1
+
+
+def test_cron_day_fields_match_either_when_both_are_set():
+    # "the 1st of the month, or any Monday", as cron has it
+    s = hb.parse_schedule("0 12 1 * 1")
+    t = datetime(2026, 11, 27, 13, 0).timestamp()  # Friday 27th
+    assert datetime.fromtimestamp(hb.next_after(s, t)) == datetime(2026, 11, 30, 12, 0)  # Monday 30th
+    t2 = datetime(2026, 11, 30, 13, 0).timestamp()
+    assert datetime.fromtimestamp(hb.next_after(s, t2)) == datetime(2026, 12, 1, 12, 0)  # Tuesday the 1st
