@@ -47,6 +47,7 @@ class Agent:
         self.limits = runner.ws.limits(meta.get("limits") or {})
         self.kernel: Kernel | None = None
         self.kernel_lost = False  # its kernel was taken back while idle: tell the model next turn
+        self.warned: set[str] = set()  # harness problems already recorded in this session's history
         self.restart_told = False  # the model was already told its kernel is gone (runner restart)
         self.kernel_via = ""  # where its kernel came from: pool, reclaimed or new (for measurements)
         self.messages: list[dict] | None = None
@@ -113,6 +114,10 @@ class Agent:
             if spec is not None:
                 role = spec.body
         entries = harness.list(sessions=chain)
+        for e in entries:  # broken harness files: skipped, and said once in this session's log
+            if e.problem and e.problem not in self.warned:
+                self.warned.add(e.problem)
+                self.record("warning", text=f"harness file skipped: {e.problem}")
         return system_prompt(root=self.runner.ws.root, tool_mode=self.tool_mode, limits=self.limits,
                              context_paths=list(meta.get("context") or []), context_data=meta.get("context_data"),
                              role=role, harness=render_for_prompt(entries, int(self.limits["memory_prompt_chars"])))

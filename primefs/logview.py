@@ -52,6 +52,8 @@ def print_events(out: Console, session, events: list[dict], names: dict[str, str
         elif t == "status":
             reason = f" ({e['stop_reason']})" if e.get("stop_reason") else ""
             out.print(f"{ts} [blue]status[/blue] {e.get('previous')} -> {e['status']}{reason}")
+        elif t == "warning":
+            out.print(f"{ts} [yellow]warning[/yellow] {escape(e['text'])}")
         elif t == "error":
             out.print(f"{ts} [red]error[/red] {escape(e['error'])}")
         elif t == "spawn":

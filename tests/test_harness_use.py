@@ -201,5 +201,28 @@ def test_cli_refine_and_outcome_and_broken_files(ws, server):
     assert "harness/memory/broken.md:2" in server.requests[-1]["messages"][0]["content"]
     listing = cli(ws, "harness", "list").stdout
     assert "broken.md:2" in listing
+    assert "harness file skipped: harness/memory/broken.md:2" in cli(ws, "log", "t").stdout
     assert "harness/memory/broken.md:2" in cli(ws, "status").stderr
     assert cli(ws, "harness", "put", "memory", "../x").returncode != 0
+
+
+def test_a_later_refine_judges_an_earlier_refinement(ws, server):
+    first = {"edits": [{"op": "create", "kind": "note", "name": "short", "body": "Be short.",
+                        "expected_effect": "shorter answers"}]}
+    server.set_script({"rules": [{"match": "^You refine", "replies": [{"text": json.dumps(first)}]},
+                                 {"match": "^Task", "replies": [{"text": "ok"}, {"text": "ok again"}]}]})
+    ws = use_server(ws, server)
+    write_goal(ws, "Task", name="t")
+    run_once(ws)
+    assert cli(ws, "refine", "t").returncode == 0
+    sha = json.loads(cli(ws, "harness", "log", "--json").stdout)[0]["sha"]
+    judged = {"edits": [], "outcomes": [{"commit": sha, "outcome": "good", "note": "answers got shorter"},
+                                        {"commit": "0" * 40, "outcome": "bad"}]}
+    server.set_script({"rules": [{"match": "^You refine", "replies": [{"text": json.dumps(judged)}]},
+                                 {"match": "^Task", "replies": [{"text": "ok"}, {"text": "ok again"}]}]})
+    r = cli(ws, "refine", "t")
+    assert r.returncode == 0
+    refine_prompt = [q for q in server.requests if q["messages"][0]["content"].startswith("You refine")][-1]
+    assert f"{sha}: note/short: shorter answers" in refine_prompt["messages"][0]["content"]
+    row = json.loads(cli(ws, "harness", "log", "--json").stdout)[0]
+    assert row["sha"] == sha and row["outcome"] == "good" and row["outcome_note"] == "answers got shorter"
