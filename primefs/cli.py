@@ -277,9 +277,9 @@ def log(ctx, session, as_json, follow_):
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
-    from .session import list_sessions
+    from .session import session_names
 
-    names = {x.id: x.name for x in list_sessions(ws.sessions)}
+    names = session_names(ws.sessions)
     if not follow_:
         if as_json:
             for e in s.events():

@@ -17,8 +17,11 @@ class HeartbeatGroup(click.Group):
     """`primefs heartbeat SESSION ...` (no subcommand) adds a heartbeat."""
 
     def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
-            args = ["add", *args]
+        i = 0
+        while i < len(args) and args[i].startswith("-"):  # skip group options (-w DIR) to the first word
+            i += 2 if args[i] in ("-w", "--workspace") else 1
+        if i < len(args) and args[i] not in self.commands:
+            args = [*args[:i], "add", *args[i:]]
         return super().parse_args(ctx, args)
 
 

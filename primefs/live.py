@@ -26,7 +26,7 @@ from .cliopts import workspace, ws_option
 from .daemon import human_age, runner_state
 from .errors import PrimefsError
 from .logview import print_events
-from .session import Session, find_session, list_sessions
+from .session import Session, find_session, list_sessions, session_names
 
 POLL_S = 0.2
 
@@ -91,10 +91,6 @@ class HistoryReader:
     def seek_end(self) -> None:
         """Skip what is there now (a torn last line is kept, to be read when complete)."""
         self.pos = self._line_start(self.size())
-
-
-def session_names(ws_sessions: Path) -> dict[str, str]:
-    return {s.id: s.name for s in list_sessions(ws_sessions)}
 
 
 def follow(session: Session, console: Console, stop_event: threading.Event | None = None,

@@ -146,11 +146,28 @@ def list_sessions(sessions_dir: Path) -> list[Session]:
             if p.is_dir() and not p.name.startswith(".") and (p / "session.yaml").is_file()]
 
 
+def session_names(sessions_dir: Path) -> dict[str, str]:
+    """id -> name of every readable session (a broken session.yaml is left out, not fatal)."""
+    out = {}
+    for s in list_sessions(sessions_dir):
+        try:
+            out[s.id] = s.name
+        except (PrimefsError, OSError):
+            continue
+    return out
+
+
 def find_session(sessions_dir: Path, key: str) -> Session:
     """By id, else by name (the newest session of that name)."""
     if key and "/" not in key and ".." not in key and (sessions_dir / key / "session.yaml").is_file():
         return Session(sessions_dir / key)
-    matches = [s for s in list_sessions(sessions_dir) if s.meta.get("name") == key]
+    matches = []
+    for s in list_sessions(sessions_dir):
+        try:
+            if s.meta.get("name") == key:
+                matches.append(s)
+        except (PrimefsError, OSError):  # a broken session.yaml must not hide the healthy sessions
+            continue
     if not matches:
         raise PrimefsError(f"no session with id or name {key!r} (see `primefs status`)")
     return matches[-1]

@@ -86,3 +86,16 @@ def test_stop_is_applied_under_run_once(ws):
     t.join(30)
     assert not t.is_alive() and time.monotonic() - started < 20
     assert s.reload()["status"] == "stopped" and len(s.events("cell")) < 15
+
+
+def test_names_still_resolve_beside_a_broken_session(ws):
+    (ws.root / "s.yaml").write_text("- text: fine\n")
+    ws = configure(ws, model="scripted/s.yaml")
+    write_goal(ws, "first", name="a")
+    write_goal(ws, "second", name="b")
+    run_once(ws)
+    a = by_name(ws)["a"]
+    (a.dir / "session.yaml").write_text("status: [broken\n")
+    r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), "log", "b"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "second" in r.stdout
