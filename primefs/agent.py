@@ -150,7 +150,7 @@ class Agent:
                 self.session.set_status("stopped", stop_reason=exc.reason, error=str(exc))
                 return "stopped"
             except SessionStopping:
-                return "stopped" if self.stop_requested else "interrupted"
+                return self.stopped() if self.stop_requested else "interrupted"
             if self.runner.stopping or self.kernel is None:
                 return "interrupted"  # the reply is in no event yet: the next runner asks again
             calls, cells = [], []

@@ -132,7 +132,7 @@ class Runner:
             self.scan()
             if not once:
                 observer = self._watch()
-            last_scan = last_state = time.monotonic()
+            last_scan = last_state = last_tick = time.monotonic()
             self.write_state()
             while True:
                 if time.monotonic() - last_scan > RESCAN_S:
@@ -141,8 +141,9 @@ class Runner:
                 if time.monotonic() - last_state > STATE_S:
                     self.write_state()
                     last_state = time.monotonic()
-                if not once:
+                if not once and time.monotonic() - last_tick >= 0.25:  # the loop wakes often: rate-limit
                     self.tick_heartbeats()
+                    last_tick = time.monotonic()
                 with self.cond:
                     self._dispatch()
                     done = once and not self.work and not self.active

@@ -37,7 +37,9 @@ def test_goal_heartbeat_ticks_start_turns(ws):
         wait_for(lambda: any(len(s.events("turn_start")) >= 3 for s in list_sessions(ws.sessions)))
     s = list_sessions(ws.sessions)[0]
     beats = [m for m in s.events("message") if m["kind"] == "heartbeat"]
-    assert len(beats) >= 2 and all(m["text"] == "check the build" and m["from"] == "heartbeat" for m in beats)
+    # (a tick checked late under load may coalesce with the next one: the prompt still leads)
+    assert len(beats) >= 2 and all(m["text"].startswith("check the build") and m["from"] == "heartbeat"
+                                   for m in beats)
 
 
 def test_missed_ticks_are_coalesced_and_claims_never_replay(ws):
