@@ -153,7 +153,8 @@ def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> lis
                     progress(1)
     if failure:
         raise failure[0]
-    if cfg.get("refine"):
+    if cfg.get("refine"):  # one refinement per item session, after all items ran
+        runner.stopping = False  # run() has returned; model calls for refine are wanted again
         for s in sessions.values():
             runner.perform_refine(runner.agent(s.id))
     index = UsageIndex(ws.sessions)

@@ -135,3 +135,16 @@ def test_plugins_from_a_package_and_from_the_workspace_folder(tmp_path):
     r = cli("eval", "tiny-workspace", "--oracle", "-w", "ws", "--n", "2", "--out", "t", cwd=tmp_path)
     assert r.returncode == 0 and json.loads((tmp_path / "t" / "summary.json").read_text())["mean_score"] == 1.0
     assert textwrap.dedent("x") == "x"
+
+
+def test_refine_on_in_the_eval_config(tmp_path):
+    script = SCRIPT.replace('rules:\n', 'rules:\n  - match: "^You refine"\n    replies:\n      - text: \'{"edits": '
+                            '[{"op": "create", "kind": "note", "name": "tip", "body": "Read context first.", '
+                            '"expected_effect": "fewer steps"}]}\'\n', 1)
+    (tmp_path / "script.yaml").write_text(script)
+    (tmp_path / "eval.yaml").write_text(f"model: scripted/{tmp_path / 'script.yaml'}\nn: 1\nrefine: true\n")
+    r = cli("eval", "needle", "--config", "eval.yaml", "--out", "r", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    log = subprocess.run(["git", "-C", str(tmp_path / "r" / "workspace"), "log", "--format=%s%n%b"],
+                         capture_output=True, text=True).stdout
+    assert "harness(note/tip): add" in log and "Primefs-Source: refine" in log
