@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .errors import PrimefsError
 from .history import iter_events
-from .session import Session, list_sessions
+from .session import Session, list_sessions, subtree
 
 FIELDS = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
 
@@ -67,10 +67,7 @@ class UsageIndex:
     def tree(self, sid: str) -> dict:
         if sid not in self._tree:
             total = dict(self.own[sid])
-            stack = list(self.children.get(sid, []))
-            while stack:  # iterative: deep trees must not hit the recursion limit
-                child = stack.pop()
+            for child in subtree(self.children, sid)[1:]:
                 total = add(total, self.own[child])
-                stack.extend(self.children.get(child, []))
             self._tree[sid] = total
         return self._tree[sid]

@@ -197,7 +197,7 @@ def tree_order(index: UsageIndex) -> list[str]:
     return order
 
 
-def goal_problems(ws) -> list[str]:
+def goal_problems(ws, index: UsageIndex) -> list[str]:
     """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line)."""
     from .plugins import end_conditions, plugin_manager
     from .session import list_sessions
@@ -206,7 +206,6 @@ def goal_problems(ws) -> list[str]:
 
     from .runner import broken_goal_line
 
-    index = UsageIndex(ws.sessions)
     taken = {s.meta.get("goal") for s in index.sessions.values()}
     taken |= {broken_goal_line(s.dir / "session.yaml") for s in list_sessions(ws.sessions) if s.id not in index.sessions}
     conditions = None
@@ -235,7 +234,7 @@ def status(ctx, as_json):
     ws = workspace(ctx)
     index = UsageIndex(ws.sessions)
     records = [session_record(index, sid) for sid in tree_order(index)]
-    problems = goal_problems(ws)
+    problems = goal_problems(ws, index)
     if as_json:
         click.echo(json.dumps(records, indent=2, default=str))
         for p in problems:

@@ -6,7 +6,7 @@ import fcntl
 from .fsutil import write_atomic
 from .mail import deliver
 from .runner import STOP_FILE
-from .session import Session, list_sessions
+from .session import Session, list_sessions, subtree
 from .workspace import Workspace
 
 
@@ -14,12 +14,7 @@ def descendants(ws: Workspace, sid: str) -> list[str]:
     children: dict[str, list[str]] = {}
     for s in list_sessions(ws.sessions):
         children.setdefault(s.meta.get("parent"), []).append(s.id)
-    out, stack = [], list(children.get(sid, []))
-    while stack:
-        x = stack.pop()
-        out.append(x)
-        stack.extend(children.get(x, []))
-    return out
+    return subtree(children, sid)[1:]
 
 
 def request_stop(ws: Workspace, sid: str, tree: bool = False) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .accounting import own_usage
 from .errors import PrimefsError
+from .session import subtree
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -92,12 +93,9 @@ class GoalControl:
     def used(self, holder: str) -> dict:
         with self.runner.cond:
             tokens = cost = 0.0
-            stack = [holder]
-            while stack:
-                x = stack.pop()
+            for x in subtree(self.runner.children, holder):
                 t = self._own_totals(x)
                 tokens, cost = tokens + t[0], cost + t[1]
-                stack.extend(self.runner.children.get(x, []))
         meta = self.runner.session(holder).meta
         started = meta.get("started_ts")
         agent = self.runner.agents.get(holder)

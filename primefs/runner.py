@@ -27,7 +27,7 @@ from .providers.base import ModelError, ModelReply
 from .rpc import RpcServer
 from .services import FINISHED, KernelServices
 from .fsutil import write_atomic
-from .session import Session, create_session, list_sessions
+from .session import Session, create_session, list_sessions, subtree
 from .workspace import Workspace
 
 RESCAN_S = 5.0
@@ -695,12 +695,7 @@ class Runner:
                 root = sid
                 while self.parents.get(root):
                     root = self.parents[root]
-                tree, stack = [], [root]
-                while stack:
-                    x = stack.pop()
-                    tree.append(x)
-                    stack.extend(self.children.get(x, []))
-                return [x for x in tree if x != sid]
+                return [x for x in subtree(self.children, root) if x != sid]
             named = [c for c in self.children.get(sid, []) if self.session(c).name == to]
             if named:
                 return named[-1:]

@@ -146,6 +146,16 @@ def list_sessions(sessions_dir: Path) -> list[Session]:
             if p.is_dir() and not p.name.startswith(".") and (p / "session.yaml").is_file()]
 
 
+def subtree(children: dict, root: str) -> list[str]:
+    """`root` and all its descendants, given parent -> [children]. Iterative: deep trees are fine."""
+    out, stack = [], [root]
+    while stack:
+        sid = stack.pop()
+        out.append(sid)
+        stack.extend(children.get(sid, []))
+    return out
+
+
 def session_names(sessions_dir: Path) -> dict[str, str]:
     """id -> name of every readable session (a broken session.yaml is left out, not fatal)."""
     out = {}

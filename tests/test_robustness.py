@@ -54,13 +54,18 @@ def test_message_recorded_before_a_crash_still_gets_its_turn(ws):
     assert s.read_result() == "two" and len(s.events("turn_start")) == 2
 
 
-def test_a_broken_session_file_is_skipped_not_fatal_and_its_goal_not_restarted(ws):
+def two_done_sessions(ws):
+    """Sessions a and b, each with one finished turn; returns the workspace and a."""
     (ws.root / "s.yaml").write_text("- text: fine\n")
     ws = configure(ws, model="scripted/s.yaml")
     write_goal(ws, "first", name="a")
     write_goal(ws, "second", name="b")
     run_once(ws)
-    a = by_name(ws)["a"]
+    return ws, by_name(ws)["a"]
+
+
+def test_a_broken_session_file_is_skipped_not_fatal_and_its_goal_not_restarted(ws):
+    ws, a = two_done_sessions(ws)
     text = (a.dir / "session.yaml").read_text()
     (a.dir / "session.yaml").write_text(text.replace("status:", "status: [broken\nx:"))
     mail.deliver(a.mail, sender="user", to=a.id, kind="user", text="hello")
@@ -89,12 +94,7 @@ def test_stop_is_applied_under_run_once(ws):
 
 
 def test_names_still_resolve_beside_a_broken_session(ws):
-    (ws.root / "s.yaml").write_text("- text: fine\n")
-    ws = configure(ws, model="scripted/s.yaml")
-    write_goal(ws, "first", name="a")
-    write_goal(ws, "second", name="b")
-    run_once(ws)
-    a = by_name(ws)["a"]
+    ws, a = two_done_sessions(ws)
     (a.dir / "session.yaml").write_text("status: [broken\n")
     r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), "log", "b"], capture_output=True,
                        text=True)
