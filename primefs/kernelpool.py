@@ -41,7 +41,6 @@ class KernelPool:
         self._cond = threading.Condition()
         self._closed = False
         self._names = itertools.count(1)
-        self.started = 0  # kernels started by this pool (for measurements)
         self._thread = threading.Thread(target=self._fill, name="primefs-kernel-pool", daemon=True)
         if self.size:
             self._thread.start()
@@ -62,7 +61,6 @@ class KernelPool:
             self._launching.add(k)
         try:
             k.start()
-            self.started += 1
             return k
         except BaseException:
             k.shutdown()
