@@ -71,3 +71,17 @@ class UsageIndex:
                 total = add(total, self.own[child])
             self._tree[sid] = total
         return self._tree[sid]
+
+
+def tree_order(index) -> list[str]:
+    """Roots in creation order, each followed by its descendants (depth first)."""
+    order: list[str] = []
+    stack = sorted((sid for sid in index.children.get(None, [])), reverse=True)
+    orphans = [sid for sid, s in index.sessions.items()
+               if s.meta.get("parent") and s.meta.get("parent") not in index.sessions]
+    stack += sorted(orphans, reverse=True)
+    while stack:
+        sid = stack.pop()
+        order.append(sid)
+        stack.extend(sorted(index.children.get(sid, []), reverse=True))
+    return order

@@ -1,22 +1,23 @@
 """The model loop of one session: model call -> code cells in the kernel -> ... -> a reply without code."""
 from __future__ import annotations
 
-import secrets
 import threading
-from typing import TYPE_CHECKING
 
+from .bell import Bell
 from .compaction import maybe_compact
 from .conversation import code_of_call, fenced_code, rebuild, to_messages
 from .errors import PrimefsError
+from .gateway import ModelGateway
 from .goalctl import BudgetExhausted, SessionStopping
 from .harness import Harness, render_for_prompt
-from .kernel import CellResult, Kernel, cut
+from .kernel import SessionKernel
+from .kernelclient import CellResult, cut
+from .kernelhost import KernelHost, KernelSpec
+from .postoffice import PostOffice
 from .prompt import system_prompt
 from .providers.base import PYTHON_TOOL, ModelError
 from .session import Session
-
-if TYPE_CHECKING:
-    from .runner import Runner
+from .tree import SessionTree
 
 
 def format_cell(res: CellResult, limits: dict) -> str:
@@ -29,27 +30,25 @@ def format_cell(res: CellResult, limits: dict) -> str:
         notes.append(f"[the cell ran over {limits['cell_timeout_s']} s and was interrupted; "
                      "the kernel is still usable]")
     if res.restarted:
-        notes.append("[the kernel died and was restarted: all your variables are gone; "
-                     "`context`, `llm` and `done` are defined again]")
+        notes.append(f"[the kernel died and was restarted: variables are gone, except what its last snapshot "
+                     f"restored. {res.notice or ''}]".replace(" ]", "]"))
     return "\n".join([*notes, text or "[no output]"])
 
 
 class Agent:
     """Live state of a session in the runner: its kernel, its conversation, its turn."""
 
-    def __init__(self, runner: "Runner", session: Session):
-        self.runner = runner
-        self.session = session
-        self.token = secrets.token_hex(16)
+    def __init__(self, session: Session, *, ws, tree: SessionTree, gateway: ModelGateway, post: PostOffice,
+                 host: KernelHost, bell: Bell):
+        self.session, self.ws, self.tree, self.gateway, self.post, self.bell = session, ws, tree, gateway, post, bell
         meta = session.meta
-        self.settings = runner.ws.resolve_model(meta["model"])
+        self.settings = ws.resolve_model(meta["model"])
         self.tool_mode = self.settings["tool_mode"]
-        self.limits = runner.ws.limits(meta.get("limits") or {})
-        self.kernel: Kernel | None = None
-        self.kernel_lost = False  # its kernel was taken back while idle: tell the model next turn
+        self.limits = ws.limits(meta.get("limits") or {})
+        self.kernel = SessionKernel(host, self._kernel_spec(), session.dir / "kernel", self.limits, self.record)
+        self.had_kernel = False  # a kernel of this session ran before (an earlier runner, or evicted)
+        self.evicted = False  # its kernel was shut down while the session was idle
         self.warned: set[str] = set()  # harness problems already recorded in this session's history
-        self.restart_told = False  # the model was already told its kernel is gone (runner restart)
-        self.kernel_via = ""  # where its kernel came from: pool, reclaimed or new (for measurements)
         self.messages: list[dict] | None = None
         self.seen_ids: set[str] = set()  # ids of messages already in history: none is shown twice
         self.turns = 0
@@ -57,8 +56,18 @@ class Agent:
         self.stop_requested = False
         self.cell_seq = 0  # bumped when a cell ends: requests from an ended cell are void
         self.mail_lock = threading.Lock()  # one reader of this session's mailbox at a time
+        self.turn_lock = threading.Lock()  # held while a worker runs its turns (the kernel is in use)
+        self.resuming = False  # the next turn goes on with one a runner stop cut off (not a new turn)
         self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
         self.pending_refine: dict | None = None  # refine() asked for during the turn, done at its end
+
+    def _kernel_spec(self) -> KernelSpec:
+        meta = self.session.meta
+        skill_dirs = [str(self.tree.dir / s / "harness" / "skills") for s in self.tree.chain(self.session.id)]
+        skill_dirs.append(str(self.ws.harness / "skills"))
+        return KernelSpec(self.session.id, self.ws.root, setup={
+            "context_paths": list(meta.get("context") or []), "context_data": meta.get("context_data"),
+            "skill_dirs": skill_dirs}, resources=dict(meta.get("resources") or {}))
 
     # -- state ------------------------------------------------------------------------------------
     def record(self, type: str, **fields) -> dict:
@@ -74,37 +83,32 @@ class Agent:
             events = self.session.events()
             self.messages = rebuild(events, self.tool_mode)
             self.seen_ids = {e.get("id") for e in events if e["type"] == "message"}
-            self.turns = sum(1 for e in events if e["type"] == "turn_start")
+            self.turns = sum(1 for e in events if e["type"] == "turn_start" and not e.get("resumed"))
+            self.had_kernel = any(e["type"] == "kernel" for e in events)
 
     def ensure_kernel(self) -> None:
-        if self.kernel is not None and self.kernel.is_alive():
+        if self.kernel.running():
             return
-        # a kernel of an earlier turn is gone: died, taken back while idle, or an earlier runner's
-        lost = self.kernel is not None or self.kernel_lost or (self.turns > 1 and not self.restart_told)
-        if self.kernel is not None:
-            self.kernel.shutdown()
-        self.kernel = self.runner.kernel_for(self)
-        self.kernel_lost = False
-        self.record("kernel", event="restarted" if lost else "started", via=self.kernel_via)
-        if lost:
-            self.record("notice", text="Your kernel was restarted since your last turn: variables you made are "
-                                       "gone (`context` and the kernel API are defined again).")
+        why = None
+        if self.evicted:
+            why = "it was shut down while the session was idle"
+        elif self.had_kernel:
+            why = "the runner restarted"
+        notice = self.kernel.ensure(why)
+        self.had_kernel, self.evicted = True, False
+        if notice:
+            self.record("notice", text=notice)
 
-    def release_kernel(self) -> "Kernel | None":
-        kernel, self.kernel = self.kernel, None
-        self.kernel_lost = kernel is not None
-        return kernel
-
-    def shutdown(self) -> None:
-        if self.kernel is not None:
-            self.kernel.shutdown()
-            self.kernel = None
+    def cell_ended(self) -> None:
+        with self.bell.cond:
+            self.cell_seq += 1
+            self.bell.cond.notify_all()  # requests still waiting for that cell give up
 
     def system_prompt(self) -> str:
         """Rebuilt at every turn boundary, so harness changes (by agents or by hand) apply next turn."""
         meta = self.session.meta
-        chain = self.runner.chain(self.session.id)
-        harness = Harness(self.runner.ws)
+        chain = self.tree.chain(self.session.id)
+        harness = Harness(self.ws)
         role = None
         if meta.get("agent"):
             try:
@@ -118,9 +122,12 @@ class Agent:
             if e.problem and e.problem not in self.warned:
                 self.warned.add(e.problem)
                 self.record("warning", text=f"harness file skipped: {e.problem}")
-        return system_prompt(root=self.runner.ws.root, tool_mode=self.tool_mode, limits=self.limits,
+        return system_prompt(root=self.ws.root, tool_mode=self.tool_mode, limits=self.limits,
                              context_paths=list(meta.get("context") or []), context_data=meta.get("context_data"),
                              role=role, harness=render_for_prompt(entries, int(self.limits["memory_prompt_chars"])))
+
+    def complete(self, messages: list[dict], tools=None, *, purpose: str, settings: dict | None = None):
+        return self.gateway.complete(self, messages, tools, purpose=purpose, settings=settings)
 
     # -- one turn ---------------------------------------------------------------------------------
     def run_turn(self) -> str:
@@ -134,13 +141,12 @@ class Agent:
         for _ in range(max_steps):
             if self.stop_requested:
                 return self.stopped()
-            if self.runner.stopping:  # Ctrl-C / primefs down: resumed (with a notice) by the next runner
+            if self.bell.stopping:  # Ctrl-C / primefs down: resumed (with a notice) by the next runner
                 return "interrupted"
-            self.runner.take_mail(self)  # mail that arrived meanwhile is shown before the next call
+            self.post.take_mail(self)  # mail that arrived meanwhile is shown before the next call
             try:
                 maybe_compact(self, system)
-                reply = self.runner.complete(self, [{"role": "system", "content": system}, *self.messages],
-                                             tools, purpose="turn")
+                reply = self.complete([{"role": "system", "content": system}, *self.messages], tools, purpose="turn")
             except ModelError as exc:
                 self.record("error", error=str(exc))
                 self.session.set_status("failed", error=str(exc), stop_reason="error")
@@ -151,39 +157,44 @@ class Agent:
                 return "stopped"
             except SessionStopping:
                 return self.stopped() if self.stop_requested else "interrupted"
-            if self.runner.stopping or self.kernel is None:
+            if self.bell.stopping:
                 return "interrupted"  # the reply is in no event yet: the next runner asks again
-            calls, cells = [], []
-            if self.tool_mode == "native":
-                for c in reply.tool_calls:
-                    calls.append({"id": c.id, "name": c.name, "arguments": c.arguments})
-                    cells.append((c.id,) + code_of_call(c.name, c.arguments))
-            else:
-                cells = [(None, code, None) for code in fenced_code(reply.text)]
-            self.record("assistant", text=reply.text, calls=calls)
-            if not cells:
-                return self.finish(reply.text, "idle")
-            for call_id, code, error in cells:
-                if error:
-                    self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}")
-                    continue
-                # the cell's requests (wait, recv) are void from the moment it is interrupted
-                res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]),
-                                          on_timeout=lambda: self.runner.cell_ended(self))
-                self.runner.cell_ended(self)
-                if res.restarted:
-                    self.record("kernel", event="restarted", reason="died or would not stop")
-                self.record("cell", call_id=call_id, code=code, output=cut(res.output, int(self.limits["output_chars"])),
-                            error=cut(res.error, int(self.limits["output_chars"])) if res.error else None, timed_out=res.timed_out, restarted=res.restarted,
-                            elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
-            if self.done_answer is not None:
-                return self.finish(self.done_answer, "done")
-            if self.stop_requested:
-                return self.stopped()
+            outcome = self._step(reply)
+            if outcome:
+                return outcome
         note = f"max_steps_per_turn ({max_steps}) reached without a final answer"
         self.record("error", error=note)
         self.session.set_status("idle", stop_reason="max_steps", error=note)
         return "max_steps"
+
+    def _step(self, reply) -> str | None:
+        """Record the reply and run its code. Returns the turn's outcome if the turn ends here."""
+        calls, cells = [], []
+        if self.tool_mode == "native":
+            for c in reply.tool_calls:
+                calls.append({"id": c.id, "name": c.name, "arguments": c.arguments})
+                cells.append((c.id,) + code_of_call(c.name, c.arguments))
+        else:
+            cells = [(None, code, None) for code in fenced_code(reply.text)]
+        self.record("assistant", text=reply.text, calls=calls)
+        if not cells:
+            return self.finish(reply.text, "idle")
+        limit = int(self.limits["output_chars"])
+        for call_id, code, error in cells:
+            if error:
+                self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}")
+                continue
+            # the cell's requests (wait, recv) are void from the moment it is interrupted
+            res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]), on_timeout=self.cell_ended)
+            self.cell_ended()
+            self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
+                        error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
+                        restarted=res.restarted, elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
+        if self.done_answer is not None:
+            return self.finish(self.done_answer, "done")
+        if self.stop_requested:
+            return self.stopped()
+        return None
 
     def stopped(self) -> str:
         self.session.set_status("stopped", stop_reason="stopped")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .accounting import UsageIndex
+from .accounting import UsageIndex, tree_order
 from .errors import PrimefsError
 from .goals import goal_files, parse_goal, write_goal
 from .session import find_session
@@ -159,9 +159,11 @@ def _pairs(pairs, flag: str, known, number: bool = False) -> dict:
 
 
 def parse_limits(pairs) -> dict:
-    from .workspace import DEFAULT_LIMITS, check_limits
+    from .workspace import CHOICES, DEFAULT_LIMITS, check_limits
 
-    limits = _pairs(pairs, "--limit", DEFAULT_LIMITS, number=True)
+    words = [p for p in pairs if p.partition("=")[0] in CHOICES]  # e.g. snapshot=off
+    limits = _pairs([p for p in pairs if p not in words], "--limit", DEFAULT_LIMITS, number=True)
+    limits.update(_pairs(words, "--limit", CHOICES))
     check_limits(limits, "--limit")
     return limits
 
@@ -183,20 +185,6 @@ def session_record(index: UsageIndex, sid: str) -> dict:
             "usage": index.own[sid], "tree_usage": index.tree(sid)}
 
 
-def tree_order(index: UsageIndex) -> list[str]:
-    """Roots in creation order, each followed by its descendants (depth first)."""
-    order: list[str] = []
-    stack = sorted((sid for sid in index.children.get(None, [])), reverse=True)
-    orphans = [sid for sid, s in index.sessions.items()
-               if s.meta.get("parent") and s.meta.get("parent") not in index.sessions]
-    stack += sorted(orphans, reverse=True)
-    while stack:
-        sid = stack.pop()
-        order.append(sid)
-        stack.extend(sorted(index.children.get(sid, []), reverse=True))
-    return order
-
-
 def goal_problems(ws, index: UsageIndex) -> list[str]:
     """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line)."""
     from .plugins import end_conditions, plugin_manager
@@ -204,7 +192,7 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
 
     from .harness import Harness
 
-    from .runner import broken_goal_line
+    from .session import broken_goal_line
 
     taken = {s.meta.get("goal") for s in index.sessions.values()}
     taken |= {broken_goal_line(s.dir / "session.yaml") for s in list_sessions(ws.sessions) if s.id not in index.sessions}

@@ -156,7 +156,7 @@ def refine_cmd(ctx, session, instructions, scope, model):
     import fcntl
 
     from .fsutil import write_atomic
-    from .runner import REFINE_FILE, Runner
+    from .control import REFINE_FILE
     from .session import find_session
 
     ws = _ws(ctx)
@@ -173,9 +173,9 @@ def refine_cmd(ctx, session, instructions, scope, model):
             click.echo(f"refine requested; the running runner applies it (see `primefs log {s.id}`)")
             return
         # holding the runner lock: no runner can start and write this history meanwhile
-        runner = Runner(ws, log=lambda m: click.echo(m, err=True))
-        runner.load_tree()
-        result = runner.perform_refine(runner.agent(s.id), **request)
+        from .runner import refine_offline
+
+        result = refine_offline(ws, s.id, request, log=lambda m: click.echo(m, err=True))
     for a in result["applied"]:
         click.echo(f"applied {a['op']} {a['kind']}/{a['name']}: {a['commit']}")
     for r in result["rejected"]:

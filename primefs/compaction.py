@@ -7,13 +7,10 @@ variables are untouched: the kernel is the same.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from .conversation import rebuild, to_messages
 from .providers.script import prompt_tokens
 
-if TYPE_CHECKING:
-    from .agent import Agent
 
 # Events where a cut may begin the kept tail: user input, or a new step (an assistant reply with
 # the cells that follow it). Never a cell: it belongs to the reply before it.
@@ -45,7 +42,7 @@ def context_window(settings: dict) -> int | None:
         return None
 
 
-def threshold(agent: "Agent") -> int | None:
+def threshold(agent) -> int | None:
     configured = int(agent.limits.get("compact_at_tokens") or 0)
     if configured:
         return configured
@@ -63,7 +60,7 @@ def _transcript(events: list[dict]) -> str:
     return "\n\n".join(lines)
 
 
-def maybe_compact(agent: "Agent", system: str) -> bool:
+def maybe_compact(agent, system: str) -> bool:
     """Compact if the next prompt would exceed the threshold. True if it did."""
     limit = threshold(agent)
     if not limit or prompt_tokens([{"role": "system", "content": system}, *agent.messages]) <= limit:
@@ -87,8 +84,8 @@ def maybe_compact(agent: "Agent", system: str) -> bool:
     if not any(to_messages(e, agent.tool_mode) for e in old):
         return False
     transcript = _transcript(([last] if last else []) + old)
-    reply = agent.runner.complete(agent, [{"role": "user", "content": SUMMARY_PROMPT.format(transcript=transcript)}],
-                                  None, purpose="compaction")
+    reply = agent.complete([{"role": "user", "content": SUMMARY_PROMPT.format(transcript=transcript)}],
+                           purpose="compaction")
     before = prompt_tokens([{"role": "system", "content": system}, *agent.messages])
     event = agent.session.history.append(
         "compaction", upto_n=old[-1]["n"], replaced=len(old), kept_from_n=live[keep_from]["n"],

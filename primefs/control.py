@@ -5,9 +5,11 @@ import fcntl
 
 from .fsutil import write_atomic
 from .mail import deliver
-from .runner import STOP_FILE
 from .session import Session, list_sessions, subtree
 from .workspace import Workspace
+
+STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and removes it
+REFINE_FILE = "refine.request"  # written by `primefs refine` while a runner runs
 
 
 def descendants(ws: Workspace, sid: str) -> list[str]:

@@ -147,16 +147,16 @@ def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> lis
         t.join(0.5)
         for iid, s in sessions.items():
             if iid not in finished and s.reload().get("status") in ("idle", "done", "failed", "stopped") \
-                    and s.id not in runner.active and s.id not in runner.work:
+                    and not runner.busy(s.id):
                 finished.add(iid)
                 if progress:
                     progress(1)
     if failure:
         raise failure[0]
     if cfg.get("refine"):  # one refinement per item session, after all items ran
-        runner.stopping = False  # run() has returned; model calls for refine are wanted again
+        runner.bell.stopping = False  # run() has returned; model calls for refine are wanted again
         for s in sessions.values():
-            runner.perform_refine(runner.agent(s.id))
+            runner.refine(s.id)
     index = UsageIndex(ws.sessions)
     rows = []
     for item in items:

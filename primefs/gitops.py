@@ -48,8 +48,9 @@ def git(root: Path, *args: str, check: bool = True, input: str | None = None) ->
                           env=git_env(), input=input)
 
 
-# Harness files get their own commits with provenance trailers (harness.py), never a turn commit.
-EXCLUDE = (":(exclude,glob)sessions/*/harness/**",)
+# Harness files get their own commits with provenance trailers (harness.py), never a turn commit;
+# kernel snapshots are runtime files (also git-ignored, but older workspaces lack that line).
+EXCLUDE = (":(exclude,glob)sessions/*/harness/**", ":(exclude,glob)sessions/*/kernel/**")
 
 
 def commit_paths(root: Path, paths: list[str], message: str) -> bool:

@@ -10,15 +10,15 @@ in the tree. A stop for a limit never reports success: the status is `stopped`, 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+import threading
+from pathlib import Path
+from typing import Callable
 
 from .accounting import own_usage
+from .bell import Bell
 from .errors import PrimefsError
-from .session import subtree
+from .tree import SessionTree
 
-if TYPE_CHECKING:
-    from .agent import Agent
-    from .runner import Runner
 
 BUDGET_KEYS = {"turns": "budget:turns", "tokens": "budget:tokens", "seconds": "budget:seconds",
                "cost_usd": "budget:cost"}
@@ -63,20 +63,24 @@ def check_end_conditions(value, where: str, known: dict | None = None) -> list[d
 
 
 class GoalControl:
-    def __init__(self, runner: "Runner", conditions: dict):
-        self.runner = runner
+    def __init__(self, tree: SessionTree, conditions: dict, root: Path, bell: Bell, turns_of: Callable[[str], int]):
+        self.tree = tree
         self.conditions = conditions
+        self.root = root
+        self.bell = bell
+        self.turns_of = turns_of  # a session's turns so far (resumed turns are not new turns)
         self._own: dict[str, list] = {}  # sid -> [tokens, cost], kept current by record_call
+        self._lock = threading.Lock()
 
     # -- usage ------------------------------------------------------------------------------------
     def _own_totals(self, sid: str) -> list:
         if sid not in self._own:
-            u = own_usage(self.runner.session(sid))
+            u = own_usage(self.tree.session(sid))
             self._own[sid] = [u["input_tokens"] + u["output_tokens"], u["cost_usd"]]
         return self._own[sid]
 
     def record_call(self, sid: str, tokens: int, cost: float) -> None:
-        with self.runner.cond:
+        with self._lock:
             if sid in self._own:  # otherwise it is read from history when first needed
                 t = self._own[sid]
                 t[0] += tokens
@@ -84,23 +88,19 @@ class GoalControl:
 
     def holder(self, sid: str) -> str | None:
         """The nearest session at or above `sid` that has a budget."""
-        while sid:
-            if self.runner.session(sid).meta.get("budget"):
-                return sid
-            sid = self.runner.parents.get(sid)
+        for x in self.tree.chain(sid):
+            if self.tree.session(x).meta.get("budget"):
+                return x
         return None
 
     def used(self, holder: str) -> dict:
-        with self.runner.cond:
+        with self._lock:
             tokens = cost = 0.0
-            for x in subtree(self.runner.children, holder):
+            for x in self.tree.subtree(holder):
                 t = self._own_totals(x)
                 tokens, cost = tokens + t[0], cost + t[1]
-        meta = self.runner.session(holder).meta
-        started = meta.get("started_ts")
-        agent = self.runner.agents.get(holder)
-        turns = agent.turns if agent else len(self.runner.session(holder).events("turn_start"))
-        return {"turns": turns, "tokens": int(tokens), "cost_usd": round(cost, 10),
+        started = self.tree.session(holder).meta.get("started_ts")
+        return {"turns": self.turns_of(holder), "tokens": int(tokens), "cost_usd": round(cost, 10),
                 "seconds": round(time.time() - started, 3) if started else 0.0}
 
     def exhausted(self, sid: str, *, next_turn: bool = False) -> tuple[str, str] | None:
@@ -108,7 +108,7 @@ class GoalControl:
         holder = self.holder(sid)
         if holder is None:
             return None
-        budget = self.runner.session(holder).meta["budget"]
+        budget = self.tree.session(holder).meta["budget"]
         used = self.used(holder)
         for key, limit in budget.items():
             value = used[key]
@@ -118,8 +118,8 @@ class GoalControl:
                     "" if holder == sid else f" (budget of {holder})")
         return None
 
-    def before_model_call(self, agent: "Agent") -> None:
-        if agent.stop_requested or self.runner.stopping:
+    def before_model_call(self, agent) -> None:
+        if agent.stop_requested or self.bell.stopping:
             raise SessionStopping("the session or the runner is stopping")
         hit = self.exhausted(agent.session.id)
         if hit:
@@ -128,20 +128,20 @@ class GoalControl:
     # -- end conditions ---------------------------------------------------------------------------
     def evaluate(self, sid: str) -> list[dict]:
         out = []
-        for cond in self.runner.session(sid).meta.get("end_conditions") or []:
+        for cond in self.tree.session(sid).meta.get("end_conditions") or []:
             (name, arg), = cond.items()
             check = self.conditions.get(name)
             if check is None:
                 out.append({"name": name, "arg": arg, "passed": False, "report": f"unknown end condition {name!r}"})
                 continue
             try:
-                passed, report = check(arg, {"workspace": self.runner.ws.root, "session": sid})
+                passed, report = check(arg, {"workspace": self.root, "session": sid})
             except Exception as exc:  # a broken plugin fails its condition, not the runner
                 passed, report = False, f"{name} raised {type(exc).__name__}: {exc}"
             out.append({"name": name, "arg": arg, "passed": bool(passed), "report": str(report)})
         return out
 
-    def refuse_done(self, agent: "Agent") -> str | None:
+    def refuse_done(self, agent) -> str | None:
         """done() is refused (with this message) while the session's end conditions fail."""
         results = self.evaluate(agent.session.id)
         failing = [r for r in results if not r["passed"]]
@@ -149,21 +149,21 @@ class GoalControl:
             return None
         return "done() refused: end conditions not met:\n" + "\n".join(r["report"] for r in failing)
 
-    def status(self, agent: "Agent") -> dict:
+    def status(self, agent) -> dict:
         sid = agent.session.id
         meta = agent.session.meta
         holder = self.holder(sid)
         budget = {}
         if holder:
             used = self.used(holder)
-            for key, limit in self.runner.session(holder).meta["budget"].items():
+            for key, limit in self.tree.session(holder).meta["budget"].items():
                 budget[key] = {"limit": limit, "used": used[key], "left": max(0, limit - used[key])}
         return {"goal": agent.session.task, "session": sid, "autonomous": bool(meta.get("autonomous")),
                 "turn": agent.turns, "budget": budget, "budget_holder": holder,
                 "end_conditions": self.evaluate(sid)}
 
     # -- autonomy ---------------------------------------------------------------------------------
-    def after_turn(self, agent: "Agent", outcome: str) -> str | None:
+    def after_turn(self, agent, outcome: str) -> str | None:
         """Decide what follows a turn. Returns the notice that starts another turn, or None."""
         s = agent.session
         meta = s.reload()
@@ -188,8 +188,8 @@ class GoalControl:
                 reason = "end_conditions_failed" if hit[0] == "budget:turns" else hit[0]
                 s.set_status("stopped", stop_reason=reason, error=hit[1])
                 return None
-            limit = (self.runner.session(self.holder(s.id)).meta["budget"].get("turns")
-                     if self.holder(s.id) else None)
+            holder = self.holder(s.id)
+            limit = self.tree.session(holder).meta["budget"].get("turns") if holder else None
             attempt = f"attempt {agent.turns + 1}" + (f" of {limit:g}" if limit else "")
             report = "\n\n".join(r["report"] for r in failing)[-4000:]
             return f"The goal's end conditions are not met yet ({attempt}):\n{report}\nKeep working on the goal."

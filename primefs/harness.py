@@ -17,18 +17,12 @@ from ruamel.yaml.comments import CommentedMap
 from . import frontmatter
 from .errors import PrimefsError
 from .fsutil import check_name, write_atomic
-from .gitops import commit_lock, git
+from .gitops import commit_lock
+from .harnessgit import DIRS, KINDS, SKILL_FILE, HarnessGit, provenance, summary
 from .session import iso, Session
 from .workspace import Workspace
 
-KINDS = ("note", "memory", "skill", "agent")
-DIRS = {"note": "notes", "memory": "memory", "skill": "skills", "agent": "agents"}
-KIND_OF_DIR = {d: k for k, d in DIRS.items()}
-SOURCES = ("agent", "refine", "user")
-OUTCOMES = ("good", "bad")
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-NOTES_REF = "primefs-outcomes"
-SKILL_FILE = "SKILL.md"
 
 
 @dataclass
@@ -76,6 +70,7 @@ class Harness:
     def __init__(self, ws: Workspace):
         self.ws = ws
         self.root = ws.root
+        self.git = HarnessGit(ws.root)
 
     # -- locations ----------------------------------------------------------------------------------
     def _base(self, scope: str, session: str | None) -> Path:
@@ -201,10 +196,10 @@ class Harness:
             if key in ("name", "primefs"):
                 raise PrimefsError(f"{key!r} is set by primefs; not a field you can pass")
         path = self._path(self._base(scope, session), kind, name)
-        trailers = _provenance(session, kind, name, self._rel(path), source, evidence, intent)
+        trailers = provenance(session, kind, name, self._rel(path), source, evidence, intent)
         md = path / SKILL_FILE if kind == "skill" else path
         with commit_lock(self.root):
-            self._commit_hand_edits([self._rel(path)])
+            self.git.commit_hand_edits([self._rel(path)])
             existing = md.exists()
             if existing:
                 meta, old_body = frontmatter.read(md, self._rel(md))  # broken: raise, never overwrite
@@ -241,9 +236,9 @@ class Harness:
                     (path / fname).unlink(missing_ok=True)
                 else:
                     write_atomic(path / fname, code)
-            summary = _summary(description or meta.get("description") or text)
-            subject = f"harness({kind}/{name}): {'update' if existing else 'add'}" + (f" - {summary}" if summary else "")
-            return self._commit([self._rel(path)], subject, trailers)
+            line = summary(description or meta.get("description") or text)
+            subject = f"harness({kind}/{name}): {'update' if existing else 'add'}" + (f" - {line}" if line else "")
+            return self.git.commit([self._rel(path)], subject, trailers)
 
     def delete(self, kind: str, name: str, *, scope: str = "global", session: str | None = None,
                source: str = "agent", evidence=None, intent: str | None = None) -> str | None:
@@ -251,215 +246,46 @@ class Harness:
         check_kind(kind)
         check_entry_name(name)
         path = self._path(self._base(scope, session), kind, name)
-        trailers = _provenance(session, kind, name, self._rel(path), source, evidence, intent)
+        trailers = provenance(session, kind, name, self._rel(path), source, evidence, intent)
         with commit_lock(self.root):
             if not path.exists():
                 raise PrimefsError(f"no {scope} {kind} {name!r} (looked for {self._rel(path)})")
-            self._commit_hand_edits([self._rel(path)])
+            self.git.commit_hand_edits([self._rel(path)])
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-            return self._commit([self._rel(path)], f"harness({kind}/{name}): delete", trailers)
+            return self.git.commit([self._rel(path)], f"harness({kind}/{name}): delete", trailers)
 
-    def _commit(self, paths: list[str], subject: str, trailers: list[tuple[str, str]]) -> str | None:
-        """Commit exactly `paths` (caller holds the commit lock), never anything else the user staged."""
-        git(self.root, "add", "-A", "--", *paths)
-        if git(self.root, "diff", "--cached", "--quiet", "--", *paths, check=False).returncode == 0:
-            return None
-        message = subject + "\n\n" + "".join(f"{k}: {v}\n" for k, v in trailers)
-        r = git(self.root, "commit", "-q", "--no-verify", "-F", "-", "--", *paths, input=message, check=False)
-        if r.returncode != 0:
-            raise PrimefsError(f"git commit of {', '.join(paths)} failed: {(r.stderr or r.stdout).strip()}")
-        return git(self.root, "rev-parse", "HEAD").stdout.strip()
-
+    # -- history (harnessgit.py) ------------------------------------------------------------------
     def commit_user_edits(self) -> list[str]:
-        """Commit uncommitted changes under harness/ and sessions/*/harness/, one commit per entry,
-        with `Primefs-Source: user`. Files that are not entries (e.g. harness/README.md) are left alone."""
-        with commit_lock(self.root):
-            return self._commit_hand_edits(["harness", ":(glob)sessions/*/harness/**"])
-
-    def _commit_hand_edits(self, pathspecs: list[str]) -> list[str]:
-        # Also run before every put/delete (lock held), so an agent's commit never absorbs a person's edit.
-        r = git(self.root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames",
-                "--", *pathspecs)
-        entries: dict[str, tuple[str, str]] = {}  # entry path -> (kind, name)
-        for rec in r.stdout.split("\0"):
-            found = _entry_of(rec[3:]) if len(rec) > 3 else None
-            if found:
-                entries[found[2]] = found[:2]
-        shas = []
-        for path, (kind, name) in sorted(entries.items()):
-            md = self.root / path / SKILL_FILE if kind == "skill" else self.root / path
-            in_head = git(self.root, "cat-file", "-e", f"HEAD:{self._rel(md)}", check=False).returncode == 0
-            action = "delete" if not md.exists() else "update" if in_head else "add"
-            trailers = _provenance(None, kind, name, path, "user", None, None)
-            sha = self._commit([path], f"harness({kind}/{name}): {action} (hand edit)", trailers)
-            if sha:
-                shas.append(sha)
-        return shas
-
-    # -- history ------------------------------------------------------------------------------------
-    def _harness_commit(self, sha: str) -> tuple[str, str, dict]:
-        ok = isinstance(sha, str) and sha and not sha.startswith("-")  # never let a "sha" be a git option
-        r = git(self.root, "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}", check=False) if ok else None
-        if r is None or r.returncode != 0:
-            raise PrimefsError(f"unknown commit {sha!r}")
-        full = r.stdout.strip()
-        out = git(self.root, "log", "-1", "--format=%P%x1f%s%x1f%(trailers:only,unfold)", full).stdout
-        parents, subject, trailers = out.split("\x1f", 2)
-        t = _parse_trailers(trailers)
-        if "Primefs-Kind" not in t:
-            raise PrimefsError(f"commit {full[:10]} ({subject}) is not a harness change (no Primefs-Kind trailer)")
-        if len(parents.split()) != 1:
-            raise PrimefsError(f"commit {full[:10]} is a merge or root commit; cannot revert it")
-        return full, subject, t
+        return self.git.commit_user_edits()
 
     def log(self, limit: int | None = None) -> list[dict]:
-        """Harness commits, newest first, with their trailers and recorded outcome."""
-        fmt = "%H%x1f%aI%x1f%s%x1f%(trailers:only,unfold)%x1f%N%x1e"
-        args = ["log", f"--notes={NOTES_REF}", "--grep=^Primefs-Kind:", f"--format={fmt}"]
-        if limit:
-            args.append(f"-n{limit}")
-        out = []
-        for rec in git(self.root, *args).stdout.split("\x1e"):
-            if not rec.strip():
-                continue
-            sha, date, subject, trailers, note = rec.strip("\n").split("\x1f")
-            t = _parse_trailers(trailers)
-            if "Primefs-Kind" not in t:
-                continue
-            path = t.get("Primefs-Path", "")
-            session = t.get("Primefs-Session", "-")
-            outcome, _, outcome_note = note.strip().partition("\n")
-            out.append({
-                "sha": sha, "date": date, "subject": subject, "kind": t["Primefs-Kind"],
-                "name": t.get("Primefs-Name"), "path": path or None,
-                "scope": "session" if path.startswith("sessions/") else "global",
-                "session": None if session == "-" else session, "source": t.get("Primefs-Source"),
-                "evidence": [e.strip() for e in t.get("Primefs-Evidence", "").split(",") if e.strip()],
-                "intent": t.get("Primefs-Intent"), "reverts": t.get("Primefs-Reverts"),
-                "outcome": outcome or None, "outcome_note": outcome_note.strip() or None,
-            })
-        return out
+        return self.git.log(limit)
 
-    def revert(self, sha: str, *, source: str = "user", session: str | None = None,
-               evidence=None, intent: str | None = None) -> str:
-        """Undo one harness commit with a new commit (`git revert`); returns the new sha.
-
-        Pending hand edits are committed first (so they are neither lost nor swept in). Refused, with the
-        tree left as it was, for non-harness commits, staged changes, or conflicts with later changes."""
-        full, subject, t = self._harness_commit(sha)
-        kind, name = t["Primefs-Kind"], t.get("Primefs-Name", "?")
-        trailers = _provenance(session, kind, name, t.get("Primefs-Path", ""), source, evidence, intent)
-        self.commit_user_edits()
-        with commit_lock(self.root):
-            gitdir = self.root / git(self.root, "rev-parse", "--git-dir").stdout.strip()
-            if any((gitdir / f).exists() for f in ("REVERT_HEAD", "CHERRY_PICK_HEAD", "MERGE_HEAD", "sequencer",
-                                                     "rebase-merge", "rebase-apply")):
-                raise PrimefsError("a git merge, revert or rebase is in progress in the workspace; finish it first")
-            if git(self.root, "diff", "--cached", "--quiet", check=False).returncode != 0:
-                raise PrimefsError("there are staged changes in the workspace (git diff --cached); "
-                                   "commit or unstage them before reverting")
-            r = git(self.root, "revert", "--no-edit", full, check=False)
-            if r.returncode != 0:
-                git(self.root, "revert", "--abort", check=False)  # back to HEAD, tree clean
-                paths = re.findall(r"Merge conflict in (\S+)", r.stdout)
-                other = [ln for ln in r.stdout.splitlines() if ln.startswith("CONFLICT")]
-                why = (f"it conflicts with later changes to {', '.join(paths)}; edit the file instead" if paths else
-                       f"it conflicts with later changes ({other[0]})" if other else
-                       ((r.stderr or r.stdout).strip() or "git revert failed").splitlines()[0])
-                raise PrimefsError(f"cannot revert {full[:10]} ({subject}): {why}")
-            trailers.append(("Primefs-Reverts", full))
-            what = subject.split("): ", 1)[-1]  # "add - ..." of "harness(kind/name): add - ..."
-            message = (f"harness({kind}/{name}): revert {full[:10]} ({_summary(what, 50)})\n\n"
-                       f"This reverts commit {full}.\n\n" + "".join(f"{k}: {v}\n" for k, v in trailers if v))
-            # --only with no paths: change just the message, never pick up anything staged meanwhile
-            git(self.root, "commit", "--amend", "--only", "-q", "--no-verify", "-F", "-", input=message)
-            return git(self.root, "rev-parse", "HEAD").stdout.strip()
+    def revert(self, sha: str, **kw) -> str:
+        return self.git.revert(sha, **kw)
 
     def record_outcome(self, sha: str, outcome: str, note: str | None = None) -> None:
-        """Record whether a change had its intended effect, as a git note (replaces an earlier one)."""
-        if outcome not in OUTCOMES:
-            raise PrimefsError(f"outcome must be good or bad, not {outcome!r}")
-        full, _, _ = self._harness_commit(sha)
-        text = outcome + (f"\n{note.strip()}" if note and note.strip() else "") + "\n"
-        with commit_lock(self.root):
-            git(self.root, "notes", f"--ref={NOTES_REF}", "add", "-f", "-F", "-", full, input=text)
+        self.git.record_outcome(sha, outcome, note)
 
 
 # Module-level forms of the workspace-wide operations.
 def commit_user_edits(ws: Workspace) -> list[str]:
-    return Harness(ws).commit_user_edits()
+    return HarnessGit(ws.root).commit_user_edits()
 
 
 def log(ws: Workspace, limit: int | None = None) -> list[dict]:
-    return Harness(ws).log(limit)
+    return HarnessGit(ws.root).log(limit)
 
 
 def revert(ws: Workspace, sha: str, **kw) -> str:
-    return Harness(ws).revert(sha, **kw)
+    return HarnessGit(ws.root).revert(sha, **kw)
 
 
 def record_outcome(ws: Workspace, sha: str, outcome: str, note: str | None = None) -> None:
-    Harness(ws).record_outcome(sha, outcome, note)
+    HarnessGit(ws.root).record_outcome(sha, outcome, note)
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-def _one_line(value) -> str:
-    return " ".join(str(value).split())  # trailer values must be one line
-
-
-def _summary(text: str, width: int = 60) -> str:
-    line = next((ln.strip("# ").strip() for ln in str(text).splitlines() if ln.strip()), "")
-    return line if len(line) <= width else line[:width - 3].rstrip() + "..."
-
-
-def _provenance(session, kind, name, path, source, evidence, intent) -> list[tuple[str, str]]:
-    if source not in SOURCES:
-        raise PrimefsError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
-    if isinstance(evidence, str):
-        evidence = [evidence]
-    evidence = [_one_line(e) for e in evidence or () if _one_line(e)]
-    intent = _one_line(intent) if intent else ""
-    if source == "refine" and not (evidence and intent):
-        raise PrimefsError("a refine change needs evidence=[event ids] and intent='expected effect'")
-    if session:
-        check_name(session, "session id")
-    out = [("Primefs-Session", session or "-"), ("Primefs-Kind", kind), ("Primefs-Name", name),
-           ("Primefs-Path", path), ("Primefs-Source", source)]
-    if evidence:
-        out.append(("Primefs-Evidence", ", ".join(evidence)))
-    if intent:
-        out.append(("Primefs-Intent", intent))
-    return out
-
-
-def _parse_trailers(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip():
-            out[key.strip()] = value.strip()
-    return out
-
-
-def _entry_of(rel: str) -> tuple[str, str, str] | None:
-    """A workspace-relative file path -> (kind, name, entry path), if it belongs to a harness entry."""
-    parts = rel.split("/")
-    if parts[0] == "sessions" and len(parts) > 2 and parts[2] == "harness":
-        prefix, parts = parts[:3], parts[3:]
-    elif parts[0] == "harness":
-        prefix, parts = parts[:1], parts[1:]
-    else:
-        return None
-    if len(parts) < 2 or parts[0] not in KIND_OF_DIR or parts[1].startswith("."):
-        return None
-    kind = KIND_OF_DIR[parts[0]]
-    if kind == "skill":
-        return (kind, parts[1], "/".join(prefix + parts[:2])) if len(parts) >= 3 else None
-    if len(parts) != 2 or not parts[1].endswith(".md"):
-        return None
-    return kind, parts[1][:-3], "/".join(prefix + parts)
-
-
 def _timestamp(value) -> float | None:
     if isinstance(value, datetime):
         return value.timestamp()

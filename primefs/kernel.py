@@ -1,201 +1,116 @@
-"""One persistent IPython kernel per session (jupyter_client + ipykernel).
+"""A session's kernel for the session's whole life.
 
-Kernels use the ipc transport with a unique path per kernel in the workspace's runtime folder
-(TCP races on ports when many kernels start together), get a scrubbed environment (model-written
-code must not read the runner's API keys), and run with the workspace root as working directory.
+No kernel is ever handed from one session to another (a reset cannot remove threads, patched
+modules or sockets that code left behind). When the kernel has to go (the session is idle and
+kernels are scarce, the runner stops) its user namespace is saved to `sessions/<id>/kernel/`
+first; the next kernel of the session loads it back, and the model is told in one line what came
+back and what did not. A kernel that dies mid-cell is replaced the same way, from the last snapshot.
 """
 from __future__ import annotations
 
-import os
-import re
-import sys
 import time
-from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
-from jupyter_client import KernelManager
+from .kernelclient import CellResult
+from .kernelhost import KernelHandle, KernelHost, KernelSpec
 
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-# Environment variables a kernel may see; everything else (API keys above all) stays in the runner.
-SAFE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "SHELL",
-            "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHASHSEED")
+SNAPSHOT_MODES = ("turn", "idle", "off")
 
 
-def kernel_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k in SAFE_ENV or k.startswith("LC_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["MPLBACKEND"] = "agg"
-    env.setdefault("JUPYTER_PLATFORM_DIRS", "1")
-    return env
+class SessionKernel:
+    def __init__(self, host: KernelHost, spec: KernelSpec, folder: Path, limits: dict, record):
+        self.host, self.spec, self.folder = host, spec, Path(folder)
+        self.limits = limits
+        self.record = record  # history events of the session: kernel started, snapshot, restored
+        self.handle: KernelHandle | None = None
+        self.dirty = False  # cells ran since the last snapshot (or restore)
 
+    @property
+    def mode(self) -> str:
+        return str(self.limits.get("snapshot", "turn"))
 
-@dataclass
-class CellResult:
-    output: str = ""
-    error: str | None = None  # "Name: value" plus traceback, if the cell raised
-    timed_out: bool = False
-    restarted: bool = False  # the kernel died (or would not stop) and was restarted: variables are gone
-    elapsed_s: float = 0.0
-    parts: list[str] = field(default_factory=list)
+    def running(self) -> bool:
+        return self.handle is not None and self.handle.alive()
 
-
-def cut(text: str, limit: int) -> str:
-    """Keep head and tail of long output, and say how much was cut."""
-    if limit <= 0 or len(text) <= limit:
-        return text
-    head = limit * 2 // 3
-    tail = limit - head
-    return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"
-
-
-class Kernel:
-    def __init__(self, runtime_dir: Path, name: str, cwd: Path):
-        self.runtime_dir = Path(runtime_dir)
-        self.name = name
-        self.cwd = Path(cwd)
-        self.km: KernelManager | None = None
-        self.kc = None
-        self.bootstrap: str | None = None  # code run after every (re)start
-        self.cancelled = False  # set from another thread to abandon a start in progress
-
-    def start(self) -> None:
-        self.runtime_dir.mkdir(parents=True, exist_ok=True)
-        base = self.runtime_dir / self.name
-        self.km = KernelManager(transport="ipc", ip=str(base), connection_file=str(base) + ".json",
-                                kernel_name="python3")
-        # Always the interpreter primefs runs in, so primefs.kernel_api is importable in the kernel.
-        self.km.kernel_cmd = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                              "--HistoryManager.enabled=False"]
-        self.km.start_kernel(env=kernel_env(), cwd=str(self.cwd))
-        self.kc = self.km.blocking_client()
-        self.kc.start_channels(hb=False)  # liveness comes from the process; saves a thread per kernel
-        self._wait_ready()
-        # The file holds the key that signs messages to this kernel; code in other kernels (same user)
-        # could read it and drive this one. Both sides have it in memory now: remove it.
-        try:
-            os.unlink(self.km.connection_file)
-        except OSError:
-            pass
-        if self.bootstrap:
-            result = self.execute(self.bootstrap, timeout=60)
-            if result.error:
-                raise RuntimeError(f"kernel bootstrap failed: {result.error}")
-
-    def _wait_ready(self, timeout: float = 60.0) -> None:
-        # Re-send kernel_info until a reply comes: faster than wait_for_ready's iopub handshake.
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.cancelled:
-                raise RuntimeError("kernel start cancelled")
-            msg_id = self.kc.kernel_info()
-            try:
-                while True:
-                    reply = self.kc.get_shell_msg(timeout=0.05)
-                    if reply["parent_header"].get("msg_id") == msg_id:
-                        self._drain_iopub()
-                        return
-            except Exception:  # queue.Empty: not ready yet
-                if not self.km.is_alive():
-                    raise RuntimeError("kernel died while starting")
-        raise RuntimeError("kernel did not become ready in time")
-
-    def _drain_iopub(self) -> None:
-        try:
-            while True:
-                self.kc.get_iopub_msg(timeout=0.01)
-        except Exception:
-            pass
-
-    def is_alive(self) -> bool:
-        return self.km is not None and self.km.is_alive()
-
-    def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
-        """Run a cell; interrupt it past `timeout` seconds (calling `on_timeout` first); restart the
-        kernel if it dies."""
+    def ensure(self, why: str | None = None) -> str | None:
+        """Start the kernel unless it runs. `why`: the session had a kernel before, and this is why
+        it is gone; then the last snapshot is restored. Returns what to tell the model, if anything."""
+        if self.running():
+            return None
+        self._discard()
         started = time.monotonic()
-        result = CellResult()
-        msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
-        deadline = started + timeout if timeout else None
-        interrupted_at = None
-        last_alive_check = started
-        while True:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=0.1)
-            except Exception:  # nothing yet
-                now = time.monotonic()
-                if now - last_alive_check > 0.5:
-                    last_alive_check = now
-                    if not self.km.is_alive():
-                        self._restart(result)
-                        result.error = result.error or "the kernel died while running this cell"
-                        break
-                if deadline and now > deadline and interrupted_at is None:
-                    result.timed_out = True
-                    if on_timeout:
-                        on_timeout()
-                    self.km.interrupt_kernel()
-                    interrupted_at = now
-                elif interrupted_at is not None and now - interrupted_at > 5:
-                    self._restart(result)  # would not stop: a fresh kernel is the only way on
-                    break
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                result.parts.append(content.get("text", ""))
-            elif kind in ("execute_result", "display_data"):
-                text = content.get("data", {}).get("text/plain")
-                if text:
-                    result.parts.append(text + "\n")
-            elif kind == "error":
-                tb = "\n".join(ANSI.sub("", line) for line in content.get("traceback", []))
-                result.error = tb or f"{content.get('ename')}: {content.get('evalue')}"
-            elif kind == "status" and content.get("execution_state") == "idle":
-                break
-            elif kind == "clear_output":
-                result.parts.clear()
-            if deadline and time.monotonic() > deadline and interrupted_at is None:
-                result.timed_out = True
-                if on_timeout:
-                    on_timeout()
-                self.km.interrupt_kernel()
-                interrupted_at = time.monotonic()
-        self._drain_shell()
-        result.output = "".join(result.parts)
-        result.elapsed_s = round(time.monotonic() - started, 4)
-        return result
+        self.handle = self.host.start(self.spec)
+        self.record("kernel", event="restarted" if why else "started", reason=why, pid=self.handle.pid,
+                    node=self.handle.node, start_s=round(time.monotonic() - started, 4))
+        return self._restore(why) if why else None
 
-    def _drain_shell(self) -> None:
-        try:
-            while True:
-                self.kc.get_shell_msg(timeout=0)
-        except Exception:
-            pass
-
-    def _restart(self, result: CellResult) -> None:
-        result.restarted = True
-        self.shutdown()
-        self.start()
+    def execute(self, code: str, timeout: float | None, on_timeout=None) -> CellResult:
+        self.dirty = True
+        res = self.handle.execute(code, timeout=timeout, on_timeout=on_timeout)
+        if res.died:
+            res.restarted = True
+            res.notice = self.ensure("it died or would not stop during a cell")
+        return res
 
     def interrupt(self) -> None:
-        if self.km is not None:
-            self.km.interrupt_kernel()
+        if self.handle is not None:
+            self.handle.interrupt()
 
-    def shutdown(self) -> None:
-        if self.kc is not None:
-            try:
-                self.kc.stop_channels()
-            except Exception:
-                pass
-            self.kc = None
-        if self.km is not None:
-            try:
-                self.km.shutdown_kernel(now=True)
-            except Exception:
-                pass
-            try:
-                self.km.cleanup_resources()
-            except Exception:
-                pass
-            self.km = None
+    def snapshot(self, reason: str) -> dict | None:
+        """Save the namespace now (unless snapshots are off). Never raises: a failed snapshot is recorded."""
+        if self.mode == "off" or not self.running():
+            return None
+        max_bytes = int(float(self.limits.get("snapshot_max_mb", 256)) * 1024 * 1024)
+        try:
+            m = self.handle.snapshot(self.folder, max_bytes, reason)
+        except Exception as exc:  # a hung or broken kernel: the previous snapshot stays
+            self.record("snapshot", reason=reason, error=f"{type(exc).__name__}: {exc}")
+            return None
+        self.dirty = False
+        if m["skipped"]:  # what a later restore cannot bring back is worth a line in the log
+            self.record("snapshot", reason=reason, saved=len(m["saved"]), bytes=m["bytes"],
+                        skipped=[f"{x['name']} ({x['reason']})" for x in m["skipped"]])
+        return m
+
+    def shutdown(self, snapshot: str | None = None) -> None:
+        """Shut the kernel down, saving its namespace first (when `snapshot` names why and cells ran
+        since the last snapshot)."""
+        if snapshot and self.dirty:
+            self.snapshot(snapshot)
+        self._discard()
+
+    def _discard(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.shutdown()
+
+    def _restore(self, why: str) -> str:
+        lost = f"Your kernel was restarted ({why})"
+        if self.mode == "off" or not (self.folder / "manifest.json").is_file():
+            return f"{lost}: the variables you made are gone (`context` and the kernel API are defined again)."
+        try:
+            r = self.handle.restore(self.folder)
+        except Exception as exc:
+            self.record("restored", error=f"{type(exc).__name__}: {exc}")
+            return f"{lost}: its snapshot could not be loaded ({exc}); the variables you made are gone."
+        self.record("restored", restored=r["restored"], modules=r["modules"],
+                    failed=[f["name"] for f in r["failed"]], skipped=[s["name"] for s in r["skipped"]])
+        return f"{lost}: {describe_restore(r)}"
+
+
+def describe_restore(r: dict) -> str:
+    """One line: what came back from the snapshot and what did not (and why)."""
+    when = datetime.fromtimestamp(r["created"]).strftime("%H:%M:%S") if r.get("created") else "?"
+    names = r["restored"] + [f"{m} (module)" for m in r["modules"]]
+    text = (f"restored from the snapshot of {when}: {_names(names)}" if names
+            else f"the snapshot of {when} held no variables")
+    missing = [f"{x['name']} ({x['reason']})" for x in r["failed"] + r["skipped"]]
+    if missing:
+        text += f"; not restored: {_names(missing, 8)}"
+    return text + ". Variables made after that snapshot are gone."
+
+
+def _names(items: list[str], limit: int = 30) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")

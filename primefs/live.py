@@ -285,7 +285,7 @@ class AgentsView:
 
     def order(self) -> list[str]:
         """Roots in creation order, each followed by its descendants (depth first), as in `primefs status`."""
-        from .cli import tree_order
+        from .accounting import tree_order
 
         index = type("Index", (), {})()
         index.sessions = {sid: s for sid, s in self.sessions.items() if sid in self.readable}

@@ -174,3 +174,20 @@ def _apply(ws, harness: Harness, edit, planned: dict, shown: set, sid: str, chai
     return {"op": op, "kind": kind, "name": name, "commit": sha, "evidence": evidence, "intent": intent,
             "rationale": edit.get("rationale")}
 
+
+
+def run_refine(ws: Workspace, agent, chain: list[str], log, instructions: str | None = None,
+               scope: str = "global", model: str | None = None) -> dict:
+    """One refinement of the harness from `agent`'s session, its model calls accounted to it and the
+    outcome recorded in its history. Never raises: a failed refinement must not fail the session."""
+    settings = ws.resolve_model(model) if model else None
+    try:
+        result = refine(ws, agent.session, chain=chain, instructions=instructions, scope=scope,
+                        max_events=int(agent.limits["refine_events"]),
+                        complete=lambda msgs: agent.complete(msgs, purpose="refine", settings=settings))
+    except Exception as exc:
+        result = {"applied": [], "rejected": [], "error": f"{type(exc).__name__}: {exc}"}
+    agent.record("refine", instructions=instructions, scope=scope, **result)
+    log(f"{agent.session.id}: refine: {len(result['applied'])} applied, {len(result['rejected'])} rejected"
+        + (f", error: {result['error']}" if result.get("error") else ""))
+    return result

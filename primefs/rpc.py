@@ -1,8 +1,9 @@
 """Kernel -> runner requests over one unix socket (newline-delimited JSON, one request per connection).
 
 Kernels never import litellm or touch other sessions' state: helpers such as llm() and done()
-ask the runner. Each kernel gets a secret token at bootstrap; the runner maps the token to the
-session, so the caller's identity is derived by the runner and cannot be forged from code.
+ask the runner. Each request carries its kernel's token, and the server passes the handler the
+caller's pid as the OS reports it (SO_PEERCRED), so the host can check that the token is used by
+the process tree it was issued to: a stolen token is useless elsewhere.
 """
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import json
 import os
 import socket
 import socketserver
+import struct
 import threading
 from pathlib import Path
 from typing import Callable
 
 from .errors import PrimefsError
 
-Handler = Callable[[str, str, dict], object]  # (token, op, args) -> JSON-able result
+Handler = Callable[[str, int, str, dict], object]  # (token, caller pid, op, args) -> JSON-able result
 
 
 class RpcError(Exception):
@@ -47,7 +49,8 @@ class RpcServer:
                     return
                 try:
                     req = json.loads(line)
-                    result = outer.handler(req.get("token", ""), req["op"], req.get("args") or {})
+                    result = outer.handler(str(req.get("token", "")), peer_pid(self.connection), str(req["op"]),
+                                           req.get("args") or {})
                     reply = {"ok": True, "result": result}
                 except Exception as exc:  # becomes an exception in the cell, not a runner crash
                     kind = "PrimefsError" if isinstance(exc, PrimefsError) else type(exc).__name__
@@ -59,7 +62,8 @@ class RpcServer:
 
         self.server = _Server(str(self.path), Conn)
         os.chmod(self.path, 0o600)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="primefs-rpc", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name="primefs-rpc", daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -69,6 +73,16 @@ class RpcServer:
             self.path.unlink()
         except FileNotFoundError:
             pass
+
+
+def peer_pid(conn: socket.socket) -> int:
+    """The pid of the process at the other end of a unix socket, from the kernel (0 where unknown)."""
+    try:
+        pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                               struct.calcsize("3i")))
+        return pid
+    except (OSError, AttributeError):  # no SO_PEERCRED on this platform
+        return 0
 
 
 def call(path: str, token: str, op: str, args: dict | None = None, timeout: float | None = None):

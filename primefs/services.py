@@ -1,23 +1,25 @@
-"""What kernels may ask of the runner (over the rpc socket): model calls, children, mail, done().
+"""What kernels may ask of the runner: model calls, children, mail, done(), the harness.
 
-The caller is identified by its kernel's token, so `from` on every message, the parent of every
-child and the session every model call is accounted to are derived here, never taken from code.
+The kernel host has already verified the caller (its token, and the calling process), and hands
+over the caller's session id: `from` on every message, the parent of every child and the session
+every model call is accounted to are derived from it, never taken from code.
 """
 from __future__ import annotations
 
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
-
 from . import mail
+from .bell import Bell, Stopping
 from .errors import PrimefsError
 from .fsutil import check_name
+from .goalctl import GoalControl
+from .intake import Intake
+from .postoffice import PostOffice
+from .scheduler import Scheduler
 from .session import Session, create_session
-
-if TYPE_CHECKING:
-    from .agent import Agent
-    from .runner import Runner
+from .tree import SessionTree
+from .turns import Turns
 
 FINISHED = ("idle", "done", "failed", "stopped")
 
@@ -27,42 +29,46 @@ class ChildFailed(RuntimeError):
 
 
 class KernelServices:
-    def __init__(self, runner: "Runner"):
-        self.runner = runner
-        self.ws = runner.ws
+    def __init__(self, ws, tree: SessionTree, turns: Turns, post: PostOffice, scheduler: Scheduler,
+                 goals: GoalControl, intake: Intake, bell: Bell):
+        self.ws, self.tree, self.turns, self.post, self.scheduler = ws, tree, turns, post, scheduler
+        self.goals, self.intake, self.bell = goals, intake, bell
 
-    def handle(self, token: str, op: str, args: dict):
-        agent = self.runner.by_token.get(token)
-        if agent is None:
-            raise PermissionError("unknown kernel token")
+    def handle(self, sid: str, op: str, args: dict):
         method = getattr(self, f"op_{op}", None)
         if method is None:
             raise ValueError(f"unknown request {op!r}")
+        if not isinstance(args, dict):
+            raise ValueError("request arguments must be a JSON object")
+        agent = self.turns.agent(sid)
         if "agent" in args:  # rlm(agent=...) names a subagent spec, not the caller
             args["agent_spec"] = args.pop("agent")
-        return method(agent, **args)
+        try:
+            return method(agent, **args)
+        except TypeError as exc:
+            raise ValueError(f"bad arguments for {op}: {exc}") from None
 
     # -- model calls ------------------------------------------------------------------------------
-    def _settings(self, agent: "Agent", model: str | None) -> dict:
+    def _settings(self, agent, model: str | None) -> dict:
         return self.ws.resolve_model(model) if model else agent.settings
 
     def op_llm(self, agent, prompt: str, model: str | None = None) -> str:
-        return self.runner.complete(agent, [{"role": "user", "content": prompt}], None, purpose="llm",
-                                    settings=self._settings(agent, model)).text
+        return agent.complete([{"role": "user", "content": prompt}], purpose="llm",
+                              settings=self._settings(agent, model)).text
 
     def op_llm_batch(self, agent, prompts: list[str], model: str | None = None) -> list[str]:
         settings = self._settings(agent, model)
         workers = max(1, min(len(prompts), int(agent.limits["llm_batch_concurrency"])))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-batch")
         try:
-            futures = [pool.submit(self.runner.complete, agent, [{"role": "user", "content": p}], None,
-                                   purpose="llm_batch", settings=settings) for p in prompts]
+            futures = [pool.submit(agent.complete, [{"role": "user", "content": p}], purpose="llm_batch",
+                                   settings=settings) for p in prompts]
             return [f.result().text for f in futures]
         finally:  # after a failure, calls not yet started are cancelled (not paid for)
             pool.shutdown(wait=True, cancel_futures=True)
 
     def op_done(self, agent, answer: str) -> bool:
-        refusal = self.runner.goals.refuse_done(agent)
+        refusal = self.goals.refuse_done(agent)
         if refusal:
             agent.record("done_refused", answer=answer[:2000], report=refusal[-4000:])
             raise PrimefsError(refusal)
@@ -70,7 +76,7 @@ class KernelServices:
         return True
 
     def op_goal_status(self, agent) -> dict:
-        return self.runner.goals.status(agent)
+        return self.goals.status(agent)
 
     # -- children ---------------------------------------------------------------------------------
     def op_spawn(self, agent, task: str, name=None, model=None, context=None, agent_spec=None) -> dict:
@@ -82,14 +88,14 @@ class KernelServices:
                                f"limits.max_depth is {max_depth}); no child was created")
         if not str(task).strip():
             raise PrimefsError("rlm(): the task is empty")
-        n = len(self.runner.children.get(parent.id, [])) + 1
+        n = len(self.tree.children(parent.id)) + 1
         name = check_name(name, "child name") if name else f"{parent.name}.{n}"
         explicit_model = model
         model = model or parent.meta["model"]
         extra = {}
         if agent_spec:  # a subagent spec: its body is the child's role, its model the default
             spec = self._harness().get("agent", check_name(agent_spec, "subagent spec"),
-                                       sessions=self.runner.chain(parent.id))
+                                       sessions=self.tree.chain(parent.id))
             if spec is None:
                 raise PrimefsError(f"rlm(agent={agent_spec!r}): no such subagent spec in the harness "
                                    "(harness/agents/<name>.md)")
@@ -103,13 +109,13 @@ class KernelServices:
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
                                extra=extra, files=_context_files(context))
         agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)
-        self.runner.adopt(child)
+        self.intake.adopt(child)
         return {"id": child.id, "name": name}
 
     def _child(self, agent, child: str) -> Session:
-        if self.runner.parents.get(child) != agent.session.id:
+        if not isinstance(child, str) or self.tree.parent(child) != agent.session.id:
             raise LookupError(f"{child!r} is not a child of this session")
-        return self.runner.session(child)
+        return self.tree.session(child)
 
     def op_child_status(self, agent, child: str) -> dict:
         s = self._child(agent, child)
@@ -118,10 +124,10 @@ class KernelServices:
     def op_wait(self, agent, child: str, timeout: float | None = None) -> str:
         s = self._child(agent, child)
         cell = agent.cell_seq  # the cell that asked; if it ends (interrupted), this request is void
-        if not self.runner.wait_idle(agent, child, timeout, cell=cell):
+        if not self._wait_settled(agent, child, timeout, cell):
             raise TimeoutError(f"child {s.name} ({child}) still running after {timeout} s")
         meta = s.reload()
-        self.runner.consume_results(agent, child, cell=cell)
+        self.post.consume_results(agent, child, cell=cell)
         if meta.get("status") == "failed":
             raise ChildFailed(f"child {s.name} ({child}) failed: {meta.get('error')}")
         if meta.get("status") == "stopped":
@@ -131,6 +137,29 @@ class KernelServices:
             raise ChildFailed(f"child {s.name} ({child}) ended its turn without an answer: "
                               f"{meta.get('error') or meta.get('stop_reason')}")
         return result
+
+    def _wait_settled(self, agent, child: str, timeout: float | None, cell: int) -> bool:
+        """Block until the child has no turn running or queued and no unread mail. Frees the caller's slot."""
+        s = self.tree.session(child)
+
+        def settled() -> bool:
+            if self.scheduler.busy(child):
+                return False
+            status = s.reload().get("status")
+            return status == "stopped" or (status in FINISHED and not self.post.has_new(child))
+
+        def void() -> str | None:
+            if agent.cell_seq != cell:
+                return "the cell that asked has ended (interrupted); this request is void"
+            if agent.stop_requested:
+                return "wait() interrupted: the session is stopping"
+            return None
+
+        with self.scheduler.waiting_for_others(agent.session.id):
+            try:
+                return self.bell.wait_until(settled, timeout, abort=void)
+            except Stopping:
+                raise RuntimeError("wait() interrupted: the runner is stopping") from None
 
     # -- harness ----------------------------------------------------------------------------------
     def _harness(self):
@@ -147,11 +176,11 @@ class KernelServices:
         return sha
 
     def op_harness_get(self, agent, kind, name) -> dict | None:
-        e = self._harness().get(kind, name, sessions=self.runner.chain(agent.session.id))
+        e = self._harness().get(kind, name, sessions=self.tree.chain(agent.session.id))
         return None if e is None else _entry(e, body=True)
 
     def op_harness_list(self, agent, kind=None) -> list[dict]:
-        return [_entry(e) for e in self._harness().list(kind, sessions=self.runner.chain(agent.session.id))]
+        return [_entry(e) for e in self._harness().list(kind, sessions=self.tree.chain(agent.session.id))]
 
     def op_harness_delete(self, agent, kind, name, scope="global") -> str | None:
         sha = self._harness().delete(kind, name, scope=scope, session=agent.session.id, source="agent")
@@ -170,33 +199,34 @@ class KernelServices:
         from .heartbeat import add, from_spec
 
         hb = add(agent.session.dir, *from_spec({"every": every, "cron": cron, "prompt": prompt}))
-        with self.runner.cond:
-            self.runner.heartbeat_sessions.add(agent.session.id)
+        self.intake.watch_heartbeats(agent.session.id)
         agent.record("heartbeat_set", id=hb["id"], schedule=hb["schedule"], prompt=hb["prompt"])
         return {"id": hb["id"], "next_due": hb["next_due"]}
 
     # -- mail -------------------------------------------------------------------------------------
     def op_send(self, agent, to: str, text: str) -> int:
-        targets = self.runner.resolve_targets(agent.session, to)
+        targets = self.post.resolve(agent.session.id, str(to))
         for sid in targets:
-            self.runner.deliver(sid, sender=agent.session.id, kind="message", text=text)
+            self.post.deliver(sid, sender=agent.session.id, kind="message", text=str(text))
         agent.record("sent", to=targets, target=to, kind="message", text=text[:2000])
         return len(targets)
 
     def op_inbox(self, agent) -> list[dict]:
-        return [_msg(m) for m in self.runner.read_mail(agent)]
+        return [_msg(m) for m in self.post.read_mail(agent)]
 
     def op_recv(self, agent, timeout: float | None = None) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout
         cell = agent.cell_seq
         while True:
-            msgs = self.runner.read_mail(agent, limit=1, cell=cell)
+            msgs = self.post.read_mail(agent, limit=1, cell=cell)
             if msgs:
                 return _msg(msgs[0])
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"no message within {timeout} s")
-            self.runner.wait_mail(agent.session.id, 0.5 if left is None else min(0.5, left))
+            if self.bell.stopping or agent.stop_requested:
+                raise RuntimeError("recv() interrupted: the session or the runner is stopping")
+            self.post.wait(0.5 if left is None else min(0.5, left))
 
 
 def _entry(e, body: bool = False) -> dict:

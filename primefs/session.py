@@ -167,6 +167,17 @@ def session_names(sessions_dir: Path) -> dict[str, str]:
     return out
 
 
+def broken_goal_line(path: Path) -> str | None:
+    """The `goal:` of a session.yaml too broken to parse, read as a plain line (its goal stays taken)."""
+    try:
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("goal: ") and line[6:].strip() not in ("", "null"):
+                return line[6:].strip().strip("'\"")
+    except OSError:
+        pass
+    return None
+
+
 def find_session(sessions_dir: Path, key: str) -> Session:
     """By id, else by name (the newest session of that name)."""
     if key and "/" not in key and ".." not in key and (sessions_dir / key / "session.yaml").is_file():

@@ -27,21 +27,30 @@ DEFAULT_LIMITS = {
     "max_depth": 3,
     "max_concurrent_sessions": 4,
     "max_idle_kernels": 8,
-    "kernel_pool": 2,
     "llm_batch_concurrency": 8,
     "memory_prompt_chars": 4000,
     "refine_events": 60,
     "compact_at_tokens": 0,  # 0: 3/4 of the model's input window (when litellm knows it)
-    "reuse_kernels": 1,  # 1: a reset kernel may pass to another session; 0: one process per session
+    "snapshot": "turn",  # when a session's variables are saved: turn (at every turn end), idle, off
+    "snapshot_max_mb": 256,  # a snapshot larger than this leaves the rest of the variables out
 }
+CHOICES = {"snapshot": ("turn", "idle", "off")}
+# Limits of earlier versions, accepted and ignored: kernels are no longer pooled or handed on.
+RETIRED = {"kernel_pool", "reuse_kernels"}
 TOOL_MODES = ("native", "fenced")
 AT_LEAST_ONE = {"max_steps_per_turn", "max_concurrent_sessions", "llm_batch_concurrency"}
-POSITIVE = {"cell_timeout_s"}
+POSITIVE = {"cell_timeout_s", "snapshot_max_mb"}
 
 
 def check_limits(limits: dict, where: str) -> None:
     """Known keys, numbers; counts and timeouts that must be positive (0 would hang or stop everything)."""
     for key, value in limits.items():
+        if key in RETIRED:
+            continue
+        if key in CHOICES:
+            if value not in CHOICES[key]:
+                raise PrimefsError(f"{where}: limit {key} must be one of {', '.join(CHOICES[key])}, not {value!r}")
+            continue
         if key not in DEFAULT_LIMITS:
             raise PrimefsError(f"{where}: unknown limit {key!r} (known: {', '.join(DEFAULT_LIMITS)})")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

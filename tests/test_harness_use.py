@@ -164,16 +164,14 @@ def test_refine_rejects_entries_changed_since_planning(ws, server):
     from primefs.runner import Runner
 
     r = Runner(ws, log=lambda m: None)
-    r.load_tree()
-    agent = r.agent(by_name(ws)["c"].id)
-    real = r.complete
+    real = r.gateway.complete
 
     def complete_and_edit(*a, **kw):
         (ws.root / "harness/notes/tone.md").write_text("---\nname: tone\n---\nBe very polite.\n")
         return real(*a, **kw)
 
-    r.complete = complete_and_edit
-    result = r.perform_refine(agent)
+    r.gateway.complete = complete_and_edit
+    result = r.refine(by_name(ws)["c"].id)
     assert result["applied"] == [] and "changed since the refinement was planned" in result["rejected"][0]["reason"]
     assert "Be very polite." in (ws.root / "harness/notes/tone.md").read_text()
 

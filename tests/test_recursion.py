@@ -126,7 +126,7 @@ def test_cap_of_two_with_fan_out_of_twenty_no_deadlock(ws, server):
         {"text": "all leaves done"}]}
     leaf = {"match": "^Leaf", "replies": [{"code": "x = 1"}, {"text": "leaf ok"}]}
     server.set_script({"rules": [parent, leaf]})
-    ws = use_server(ws, server, limits={"max_concurrent_sessions": 2, "max_idle_kernels": 2, "kernel_pool": 1})
+    ws = use_server(ws, server, limits={"max_concurrent_sessions": 2, "max_idle_kernels": 2})
     write_goal(ws, "Fan out", name="fan")
     run_once(ws)
     s = by_name(ws)

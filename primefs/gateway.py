@@ -1,0 +1,59 @@
+"""The model gateway: every model call the runner makes goes through here.
+
+Before a call: the session's budgets and stop flags (goalctl). The call: the provider that serves
+the model, bounded retries with exponential backoff. After: one `model_call` (or `model_error`)
+event in the history of the session that made the call, and the goal's usage counters.
+"""
+from __future__ import annotations
+
+import time
+
+from .bell import Bell
+from .goalctl import GoalControl, SessionStopping
+from .plugins import provider_for
+from .providers.base import ModelError, ModelReply
+
+
+class ModelGateway:
+    def __init__(self, ws, providers: list, goals: GoalControl, bell: Bell, log):
+        self.ws, self.providers, self.goals, self.bell, self.log = ws, providers, goals, bell, log
+
+    def complete(self, agent, messages: list[dict], tools, *, purpose: str, settings: dict | None = None) -> ModelReply:
+        """One model call for `agent` (its session, limits, settings). Raises ModelError after the
+        last retry, BudgetExhausted or SessionStopping before a call that must not be paid for."""
+        self.goals.before_model_call(agent)
+        settings = dict(settings or agent.settings)
+        settings["workspace"] = str(self.ws.root)
+        provider = provider_for(self.providers, settings["model"], settings.get("provider"))
+        history = agent.session.history
+        retries = int(agent.limits["model_retries"])
+        backoff = float(agent.limits["model_retry_backoff_s"])
+        for attempt in range(retries + 1):
+            started = time.monotonic()
+            try:
+                reply = provider.complete(messages, tools, settings)
+            except ModelError as exc:
+                last = attempt == retries or not exc.retryable
+                wait = 0 if last else backoff * (2 ** attempt)
+                history.append("model_error", model=settings["model"], purpose=purpose, attempt=attempt + 1,
+                               error=str(exc), retry_in_s=wait)
+                if last:
+                    raise
+                self.log(f"{agent.session.id}: model error (attempt {attempt + 1}), retrying in {wait:g} s: {exc}")
+                self._pause(agent, wait)
+                continue
+            history.append("model_call", model=settings["model"], purpose=purpose, input_tokens=reply.input_tokens,
+                           output_tokens=reply.output_tokens, cost_usd=reply.cost_usd, cost_known=reply.cost_known,
+                           latency_s=round(time.monotonic() - started, 4))
+            self.goals.record_call(agent.session.id, reply.input_tokens + reply.output_tokens, reply.cost_usd)
+            return reply
+        raise AssertionError("unreachable")
+
+    def _pause(self, agent, seconds: float) -> None:
+        """Back off before a retry, but give up at once when the session or the runner stops."""
+        deadline = time.monotonic() + seconds
+        with self.bell.cond:
+            while time.monotonic() < deadline:
+                if self.bell.stopping or agent.stop_requested:
+                    raise SessionStopping("the session or the runner is stopping")
+                self.bell.cond.wait(min(0.25, deadline - time.monotonic()))

@@ -1,0 +1,105 @@
+"""Intake: what comes into the runner from files people write. Goal files become sessions (each goal
+file once, across restarts), heartbeats that are due become mail, and hand edits of harness files
+become commits (`Primefs-Source: user`)."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from . import heartbeat
+from .errors import PrimefsError
+from .goals import goal_files, parse_goal
+from .postoffice import PostOffice
+from .scheduler import Scheduler
+from .session import Session, create_session
+from .tree import SessionTree
+
+
+class Intake:
+    def __init__(self, ws, tree: SessionTree, scheduler: Scheduler, post: PostOffice, conditions: dict, log):
+        self.ws, self.tree, self.scheduler, self.post, self.conditions, self.log = (
+            ws, tree, scheduler, post, conditions, log)
+        self.claimed: set[str] = set()  # goal files that have a session (workspace-relative paths)
+        self.reported: dict[str, float] = {}  # broken goal file -> mtime reported (report each version once)
+        self.heartbeat_sessions: set[str] = set()
+        self.harness_dirty = True  # hand edits of harness files may wait to be committed
+        self._lock = threading.RLock()  # scan_goals -> add_heartbeat -> watch_heartbeats
+
+    # -- goals ------------------------------------------------------------------------------------
+    def scan_goals(self) -> None:
+        with self._lock:
+            for path in goal_files(self.ws):
+                rel = path.relative_to(self.ws.root).as_posix()
+                if rel not in self.claimed:
+                    self._take_goal(path, rel)
+
+    def _take_goal(self, path: Path, rel: str) -> None:
+        try:
+            goal = parse_goal(self.ws, path, self.conditions)
+        except PrimefsError as exc:
+            mtime = path.stat().st_mtime if path.exists() else 0
+            if self.reported.get(rel) != mtime:
+                self.reported[rel] = mtime
+                self.log(f"goal error: {exc}")
+            return
+        extra = dict(goal.control)
+        if goal.limits:
+            extra["limits"] = goal.limits
+        try:
+            session = create_session(self.ws.sessions, task=goal.task, name=goal.name, model=goal.model,
+                                     goal=rel, context=goal.context, extra=extra)
+        except (OSError, ValueError) as exc:
+            self.reported[rel] = path.stat().st_mtime
+            self.log(f"goal error: {rel}: cannot start a session: {exc}")
+            return
+        self.claimed.add(rel)
+        self.log(f"goal {rel} -> session {session.id} ({goal.name}, model {goal.model})")
+        if goal.control.get("heartbeat"):
+            self.add_heartbeat(session, goal.control["heartbeat"])
+        self.adopt(session)
+
+    def adopt(self, session: Session) -> None:
+        """A new session (from a goal or rlm()): link it into the tree and queue its first turn."""
+        self.tree.link(session.id, session.meta.get("parent"))
+        self.scheduler.add(session.id)
+
+    # -- heartbeats -------------------------------------------------------------------------------
+    def add_heartbeat(self, session: Session, spec) -> dict:
+        """A goal's `heartbeat:` ('every 10m', or {every|cron: ..., prompt: ...})."""
+        hb = heartbeat.add(session.dir, *heartbeat.from_spec(spec))
+        self.watch_heartbeats(session.id)
+        return hb
+
+    def watch_heartbeats(self, sid: str) -> None:
+        with self._lock:
+            self.heartbeat_sessions.add(sid)
+
+    def tick_heartbeats(self) -> None:
+        with self._lock:
+            sids = list(self.heartbeat_sessions)
+        for sid in sids:
+            s = self.tree.session(sid)
+            try:
+                if s.reload().get("status") == "stopped":
+                    continue
+                for hb, ticks in heartbeat.claim_due(s.dir):
+                    self.post.deliver(sid, sender="heartbeat", kind="heartbeat", text=heartbeat.message_text(hb, ticks),
+                                      extra={"heartbeat": hb["id"], "ticks": ticks})
+            except (OSError, PrimefsError) as exc:
+                self.log(f"warning: heartbeats of {sid}: {exc}")
+
+    # -- hand edits of the harness ----------------------------------------------------------------
+    def harness_touched(self) -> None:
+        self.harness_dirty = True
+
+    def commit_hand_edits(self) -> None:
+        """Harness files a person edited are committed as `Primefs-Source: user` at turn boundaries."""
+        with self._lock:
+            dirty, self.harness_dirty = self.harness_dirty, False
+        if dirty:
+            from .harness import commit_user_edits
+
+            try:
+                commit_user_edits(self.ws)
+            except Exception as exc:
+                self.log(f"warning: could not commit hand edits of the harness: {exc}")

@@ -1,0 +1,197 @@
+"""The runner's side of one kernel: a jupyter_client connection (shell + iopub) to a kernel process.
+
+Where the process runs and how it started is the kernel host's business (kernelhost.py); this
+module only speaks the Jupyter protocol: wait until ready, run a cell, evaluate an expression.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_context = None
+
+
+def zmq_context():
+    """One zmq context for every kernel connection of this process.
+
+    Reconnects every 5 ms instead of zmq's 100 ms: a client connects before its kernel has bound
+    its sockets, and the first retry would otherwise be most of a kernel's start time."""
+    global _context
+    if _context is None:
+        import zmq
+
+        ctx = zmq.Context()
+        ctx.setsockopt(zmq.RECONNECT_IVL, 5)
+        ctx.setsockopt(zmq.LINGER, 0)
+        ctx.MAX_SOCKETS = 65536  # 2 per kernel: the default (1023) would cap a runner at ~500 kernels
+        _context = ctx
+    return _context
+
+
+def connection_info(base: Path) -> dict:
+    """ipc transport, a unique path per kernel (TCP races on ports when hundreds start at once)."""
+    return {"transport": "ipc", "ip": str(base), "shell_port": 1, "iopub_port": 2, "stdin_port": 3,
+            "control_port": 4, "hb_port": 5, "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256"}
+
+
+@dataclass
+class CellResult:
+    output: str = ""
+    error: str | None = None  # "Name: value" plus traceback, if the cell raised
+    timed_out: bool = False
+    died: bool = False  # the kernel process ended during the cell
+    restarted: bool = False  # set by the session's kernel when it started a new one after a death
+    notice: str | None = None  # what the model is told about such a restart
+    elapsed_s: float = 0.0
+    parts: list[str] = field(default_factory=list)
+
+
+def cut(text: str, limit: int) -> str:
+    """Keep head and tail of long output, and say how much was cut."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[-tail:]}"
+
+
+class KernelClient:
+    """Shell and iopub channels to one kernel. `alive` and `interrupt` are given by the host."""
+
+    def __init__(self, info: dict, alive, interrupt):
+        from jupyter_client import BlockingKernelClient
+
+        self.info = info
+        self.alive = alive
+        self.interrupt = interrupt
+        self.kc = BlockingKernelClient(context=zmq_context())
+        self.kc.load_connection_info(info)
+        self.kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+
+    def wait_ready(self, timeout: float = 30.0, cancelled=lambda: False) -> None:
+        """Ready = a kernel_info reply on shell *and* a message on iopub: output sent before the iopub
+        subscription is live would be lost (re-send kernel_info while waiting)."""
+        deadline = time.monotonic() + timeout
+        sent: set[str] = set()
+        shell = iopub = False
+        next_send = 0.0
+        while not (shell and iopub):
+            now = time.monotonic()
+            if now > deadline:
+                raise RuntimeError(f"kernel did not become ready in {timeout:g} s")
+            if cancelled():
+                raise RuntimeError("kernel start cancelled")
+            if not self.alive():
+                raise RuntimeError("kernel died while starting")
+            if not shell and now >= next_send:
+                sent.add(self.kc.kernel_info())
+                next_send = now + 0.05
+            try:
+                reply = self.kc.get_shell_msg(timeout=0.005)
+                shell = shell or reply["parent_header"].get("msg_id") in sent
+            except Exception:  # queue.Empty
+                pass
+            try:
+                self.kc.get_iopub_msg(timeout=0.001 if not shell else 0.01)
+                iopub = True
+            except Exception:
+                pass
+        self._drain_iopub()
+        self._drain_shell()
+
+    def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
+        """Run a cell; interrupt it past `timeout` seconds (calling `on_timeout` first). A cell that
+        will not stop within 5 s of the interrupt, or a kernel that dies, ends with `died`."""
+        started = time.monotonic()
+        result = CellResult()
+        msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
+        deadline = started + timeout if timeout else None
+        interrupted_at = None
+        last_alive_check = started
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.1)
+            except Exception:  # nothing yet
+                msg = None
+            now = time.monotonic()
+            if msg is None and now - last_alive_check > 0.5:
+                last_alive_check = now
+                if not self.alive():
+                    result.died = True
+                    result.error = result.error or "the kernel died while running this cell"
+                    break
+            if deadline and now > deadline and interrupted_at is None:
+                result.timed_out = True
+                if on_timeout:
+                    on_timeout()
+                self.interrupt()
+                interrupted_at = now
+            elif interrupted_at is not None and now - interrupted_at > 5:
+                result.died = True  # would not stop: only a new kernel goes on
+                break
+            if msg is None or msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                result.parts.append(content.get("text", ""))
+            elif kind in ("execute_result", "display_data"):
+                text = content.get("data", {}).get("text/plain")
+                if text:
+                    result.parts.append(text + "\n")
+            elif kind == "error":
+                tb = "\n".join(ANSI.sub("", line) for line in content.get("traceback", []))
+                result.error = tb or f"{content.get('ename')}: {content.get('evalue')}"
+            elif kind == "status" and content.get("execution_state") == "idle":
+                break
+            elif kind == "clear_output":
+                result.parts.clear()
+        self._drain_shell()
+        result.output = "".join(result.parts)
+        result.elapsed_s = round(time.monotonic() - started, 4)
+        return result
+
+    def evaluate(self, expr: str, timeout: float = 60.0) -> str:
+        """The repr of a Python expression evaluated in the kernel (silently: no output, no history)."""
+        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"r": expr},
+                                 allow_stdin=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the kernel did not evaluate {expr[:60]!r} within {timeout:g} s")
+            try:
+                reply = self.kc.get_shell_msg(timeout=0.1)
+            except Exception:
+                if not self.alive():
+                    raise RuntimeError("the kernel died") from None
+                continue
+            if reply["parent_header"].get("msg_id") != msg_id:
+                continue
+            value = reply["content"].get("user_expressions", {}).get("r", {})
+            if value.get("status") != "ok":
+                raise RuntimeError(f"{value.get('ename')}: {value.get('evalue')}")
+            self._drain_iopub()
+            return value["data"]["text/plain"]
+
+    def _drain_iopub(self) -> None:
+        try:
+            while True:
+                self.kc.get_iopub_msg(timeout=0)
+        except Exception:
+            pass
+
+    def _drain_shell(self) -> None:
+        try:
+            while True:
+                self.kc.get_shell_msg(timeout=0)
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        try:
+            self.kc.stop_channels()
+        except Exception:
+            pass

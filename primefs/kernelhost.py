@@ -1,0 +1,80 @@
+"""The kernel host seam: the only way the runner reaches kernels.
+
+A host starts kernels, one per session (a session keeps its kernel for life and never shares it),
+gives each kernel a token that is never reused, and serves the kernels' requests to the runner: it
+checks who is calling and passes on only (session id, op, args) of a caller it verified. A handle
+runs cells, interrupts, snapshots and restores the user namespace, shuts the kernel down and says
+whether it lives. Local processes now (localkernels.py); other hosts plug in behind the same interface.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .kernelclient import CellResult
+
+# (session id, op, args) -> a JSON-able result; raising becomes an exception in the calling cell
+Handler = Callable[[str, str, dict], object]
+API = "__import__('primefs.kernel_api', fromlist=['api'])"
+
+
+@dataclass
+class KernelSpec:
+    session_id: str
+    cwd: Path
+    setup: dict = field(default_factory=dict)  # kernel_api.setup(): context_paths, context_data, skill_dirs
+    resources: dict = field(default_factory=dict)  # what a placement needs (num_cpus, memory, ...)
+
+
+class KernelHandle(ABC):
+    token: str
+    pid: int
+    node: str = "local"
+
+    @abstractmethod
+    def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult: ...
+
+    @abstractmethod
+    def evaluate(self, expr: str, timeout: float = 60.0) -> str: ...
+
+    @abstractmethod
+    def interrupt(self) -> None: ...
+
+    @abstractmethod
+    def alive(self) -> bool: ...
+
+    @abstractmethod
+    def shutdown(self) -> None: ...
+
+    def snapshot(self, folder: Path, max_bytes: int, reason: str, timeout: float = 120.0) -> dict:
+        """Save the user namespace to `folder` (see kernel_api.snapshot); returns its manifest."""
+        return self._call(f"{API}.snapshot({str(folder)!r}, {int(max_bytes)}, {reason!r})", timeout)
+
+    def restore(self, folder: Path, timeout: float = 120.0) -> dict:
+        """Load `folder`'s snapshot into the user namespace; returns what came back and what did not."""
+        return self._call(f"{API}.restore({str(folder)!r})", timeout)
+
+    def _call(self, expr: str, timeout: float) -> dict:
+        return json.loads(ast.literal_eval(self.evaluate(expr, timeout)))
+
+    def describe(self) -> dict:
+        return {"pid": self.pid, "node": self.node}
+
+
+class KernelHost(ABC):
+    name = "host"
+
+    @abstractmethod
+    def start(self, spec: KernelSpec) -> KernelHandle:
+        """A new kernel for `spec.session_id`, ready to run cells, with a new token."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Shut every kernel down and stop serving requests."""
+
+    def kernel_pids(self) -> list[int]:
+        return []

@@ -1,0 +1,192 @@
+"""One kernel per session for life, variables that survive its shutdown, identity that cannot be stolen."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import BackgroundRunner, configure, run_once, wait_for
+
+from primefs import mail
+from primefs.goals import write_goal
+from primefs.session import list_sessions
+
+SET_THEN_READ = """\
+- code: "x = 41\\nimport math\\ndef f(a):\\n    return a + 1\\nimport socket\\nsock = socket.socket()"
+- text: set
+- code: "print(x + 1, f(1), math.pi > 3, 'sock' in dir())"
+- text: done
+"""
+
+
+def scripted(ws, script: str, **limits):
+    (ws.root / "s.yaml").write_text(script)
+    return configure(ws, model="scripted/s.yaml", limits=limits) if limits else configure(ws, model="scripted/s.yaml")
+
+
+def named(ws, name):
+    return next(s for s in list_sessions(ws.sessions) if s.meta.get("name") == name)
+
+
+def notices(s):
+    return [e["text"] for e in s.events("notice")]
+
+
+def test_variables_survive_an_idle_shutdown_of_the_kernel(ws):
+    ws = scripted(ws, SET_THEN_READ, max_idle_kernels=0, snapshot="idle")
+    write_goal(ws, "Remember", name="mem")
+    with BackgroundRunner(ws) as br:
+        s = wait_for(lambda: next(iter(list_sessions(ws.sessions)), None))
+        wait_for(lambda: s.read_result() == "set", what="first turn")
+        agent = wait_for(lambda: br.runner.turns.agents.get(s.id))
+        wait_for(lambda: agent.kernel.handle is None, what="the idle kernel shut down")
+        mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="go on")
+        wait_for(lambda: s.read_result() == "done", what="second turn")
+    assert s.events("cell")[1]["output"] == "42 2 True False\n"
+    told = notices(s)[-1]
+    assert "shut down while the session was idle" in told and "restored from the snapshot" in told
+    assert "x" in told and "math (module)" in told and "sock (TypeError" in told
+    kernels = s.events("kernel")
+    assert [k["event"] for k in kernels] == ["started", "restarted"] and kernels[0]["pid"] != kernels[1]["pid"]
+
+
+def test_variables_survive_a_runner_stop(ws):
+    ws = scripted(ws, SET_THEN_READ)
+    write_goal(ws, "Remember", name="mem")
+    run_once(ws)  # the runner exits after the first turn: its kernel is gone
+    s = named(ws, "mem")
+    assert (s.dir / "kernel" / "manifest.json").is_file()
+    mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="go on")
+    run_once(ws)
+    assert s.read_result() == "done" and s.events("cell")[1]["output"] == "42 2 True False\n"
+    assert "the runner restarted" in notices(s)[-1] and "restored" in notices(s)[-1]
+    # snapshots are runtime files: never committed, the tree stays clean
+    tracked = subprocess.run(["git", "-C", str(ws.root), "ls-files", "sessions"], capture_output=True, text=True).stdout
+    assert "/kernel/" not in tracked
+    status = subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain", "sessions"], capture_output=True,
+                            text=True).stdout
+    assert status == ""
+
+
+def test_after_a_sigkill_the_last_snapshot_comes_back(ws):
+    ws = scripted(ws, """\
+- code: "x = 41"
+- text: first
+- code: "y = 2\\nimport time\\ntime.sleep(60)"
+- code: "print(x, 'y' in dir())"
+- text: recovered
+""")
+    write_goal(ws, "Long job", name="long")
+    run_once(ws)
+    s = named(ws, "long")
+    mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="go on")
+    proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(s.events("assistant")) == 2, what="the long cell")
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run_once(ws)
+    assert s.read_result() == "recovered"
+    assert s.events("cell")[-1]["output"] == "41 False\n"  # the turn-end snapshot, not the cut-off turn
+    told = " ".join(notices(s))
+    assert "runner restarted" in told and "restored from the snapshot" in told
+    # a resumed turn is not a new turn
+    starts = s.events("turn_start")
+    assert [e["turn"] for e in starts] == [1, 2, 2] and starts[-1].get("resumed") is True
+
+
+def test_a_dead_kernel_comes_back_from_the_last_snapshot(ws):
+    ws = scripted(ws, """\
+- code: "x = 41"
+- text: first
+- code: "z = 1\\nimport os\\nos._exit(3)"
+- code: "print(x, 'z' in dir())"
+- text: ok
+""")
+    write_goal(ws, "Crash", name="crash")
+    run_once(ws)
+    s = named(ws, "crash")
+    with BackgroundRunner(ws):
+        mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="go on")
+        wait_for(lambda: s.read_result() == "ok")
+    cells = s.events("cell")
+    assert cells[1]["restarted"] and "variables are gone, except what its last snapshot restored" in cells[1]["shown"]
+    assert "x" in cells[1]["shown"] and cells[2]["output"] == "41 False\n"
+
+
+def test_snapshots_off_means_nothing_comes_back(ws):
+    ws = scripted(ws, SET_THEN_READ.replace("print(x + 1, f(1), math.pi > 3, 'sock' in dir())",
+                                            "print('x' in dir())"), snapshot="off")
+    write_goal(ws, "Forget", name="f")
+    run_once(ws)
+    s = named(ws, "f")
+    mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="go on")
+    run_once(ws)
+    assert s.events("cell")[1]["output"] == "False\n" and not (s.dir / "kernel").exists()
+    assert "variables you made are gone" in notices(s)[-1]
+
+
+def test_sessions_never_share_a_kernel_process(ws):
+    ws = scripted(ws, """\
+rules:
+  - match: "^Leave"
+    replies:
+      - code: "import threading, time\\nthreading.Thread(target=time.sleep, args=(60,), name='spy', daemon=True).start()"
+      - text: left
+  - match: "^Look"
+    replies:
+      - code: "import threading\\nprint([t.name for t in threading.enumerate()].count('spy'))"
+      - text: looked
+""", max_idle_kernels=8)
+    write_goal(ws, "Leave a thread behind", name="a")
+    run_once(ws)
+    write_goal(ws, "Look for threads", name="b")
+    run_once(ws)
+    a, b = named(ws, "a"), named(ws, "b")
+    assert b.events("cell")[0]["output"] == "0\n"
+    assert a.events("kernel")[0]["pid"] != b.events("kernel")[0]["pid"]
+
+
+def test_a_token_stolen_from_another_session_is_refused(ws):
+    ws = scripted(ws, """\
+rules:
+  - match: "^Victim"
+    replies:
+      - code: "m = recv(timeout=60)\\nprint(m.text)"
+      - text: victim done
+  - match: "^Thief"
+    replies:
+      - code: |
+          from primefs.rpc import call
+          sock, tok = open('stolen.txt').read().split()
+          for op, args in [('send', {'to': 'parent', 'text': 'x'}),
+                           ('harness_put', {'kind': 'note', 'name': 'forged', 'body': 'b', 'scope': 'global'})]:
+              try:
+                  call(sock, tok, op, args)
+                  print(op, 'accepted')
+              except Exception as e:
+                  print(op, 'refused:', e)
+      - text: thief done
+""")
+    write_goal(ws, "Victim waits", name="victim")
+    with BackgroundRunner(ws) as br:
+        victim = wait_for(lambda: next(iter(list_sessions(ws.sessions)), None))
+        wait_for(lambda: victim.events("assistant"), what="the victim's cell")
+        handle = wait_for(lambda: br.runner.turns.agents[victim.id].kernel.handle)
+        (ws.root / "stolen.txt").write_text(f"{ws.runtime / 'rpc.sock'} {handle.token}")
+        write_goal(ws, "Thief acts", name="thief")
+        thief = wait_for(lambda: next((s for s in list_sessions(ws.sessions) if s.name == "thief"), None))
+        wait_for(lambda: thief.read_result() == "thief done", what="the thief")
+        mail.deliver(victim.mail, sender="user", to=victim.id, kind="user", text="wake up")
+        wait_for(lambda: victim.read_result() == "victim done", what="the victim")
+    out = thief.events("cell")[0]["output"]
+    assert out.count("refused: request refused: the caller is not a process of the kernel") == 2, out
+    assert not (ws.root / "harness/notes/forged.md").exists() and not victim.events("sent")
+    log = subprocess.run(["git", "-C", str(ws.root), "log", "--format=%B"], capture_output=True, text=True).stdout
+    assert f"Primefs-Session: {victim.id}" not in log
