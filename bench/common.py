@@ -26,6 +26,14 @@ def scripted_workspace(script: str, limits: dict | None = None) -> Workspace:
     return Workspace(root)
 
 
+def configure_model(ws: Workspace, alias: dict) -> None:
+    """Point the workspace's default model at `alias` (e.g. litellm -> a local HTTP server)."""
+    cfg = load_yaml(ws.root / "primefs.yaml")
+    cfg["model"] = "bench"
+    cfg["models"] = {"bench": alias}
+    (ws.root / "primefs.yaml").write_text(dump_yaml(cfg))
+
+
 def _tree_pids(root_pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):

@@ -1,7 +1,10 @@
-"""Single-session latencies with a scripted instant model.
+"""Single-session latencies with an instant model.
 
-- harness overhead per step: a session runs 50 trivial cells in a row; time from a model reply
-  to the next model request, minus the cell's own run time (median and p90).
+- step overhead, harness only: a session runs 50 trivial cells with the scripted provider (no HTTP,
+  no litellm); from the end of one model call to the start of the next, minus the cell's run time.
+- step overhead as a user sees it: the same 50 cells with the model behind litellm and a local
+  OpenAI-compatible HTTP server (tests/openai_server.py); from the server answering one request to
+  the next request arriving, minus the cell's run time: litellm's client, both ways, is included.
 - goal -> answer with the runner already running (`primefs run`): a goal file appears; time until
   result.md exists (one cell, then the answer). Repeated 10 times; median.
 
@@ -14,16 +17,22 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from common import run_cli, scripted_workspace, step_overheads
+from common import configure_model, run_cli, scripted_workspace, step_overheads
 
-from primefs.session import list_sessions
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from openai_server import ScriptServer  # noqa: E402
 
+from primefs.session import list_sessions  # noqa: E402
+
+STEPS = 50
+STEP_REPLIES = [{"code": f"x = {i}"} for i in range(STEPS)] + [{"text": "steps done"}]
 SCRIPT = """\
 rules:
   - match: "^Steps"
     replies:
-""" + "".join("      - code: \"x = %d\"\n" % i for i in range(50)) + """\
+""" + "".join("      - code: \"x = %d\"\n" % i for i in range(STEPS)) + """\
       - text: "steps done"
   - match: "^Quick"
     replies:
@@ -32,22 +41,40 @@ rules:
 """
 
 
-def steps() -> dict:
+def _stats(values: list[float]) -> dict:
+    v = sorted(values)
+    return {"median_ms": round(statistics.median(v) * 1000, 2), "p90_ms": round(v[int(len(v) * 0.9)] * 1000, 2)}
+
+
+def steps_harness_only() -> dict:
     ws = scripted_workspace(SCRIPT, {"max_steps_per_turn": 100})
     (ws.goals / "steps.md").write_text("Steps\n")
-    wall, peak, r = run_cli(ws, "run", "--once", "--quiet")
+    _, _, r = run_cli(ws, "run", "--once", "--quiet")
     s = list_sessions(ws.sessions)[0]
     assert s.read_result() == "steps done", r.stderr
-    o = sorted(step_overheads(s.events()))
-    return {"steps": len(o) + 1, "overhead_per_step_ms_median": round(statistics.median(o) * 1000, 2),
-            "overhead_per_step_ms_p90": round(o[int(len(o) * 0.9)] * 1000, 2)}
+    return {"steps": STEPS, **_stats(step_overheads(s.events()))}
+
+
+def steps_with_litellm() -> dict:
+    with ScriptServer(STEP_REPLIES) as server:
+        ws = scripted_workspace(SCRIPT, {"max_steps_per_turn": 100})
+        configure_model(ws, {"model": "openai/test-model", "api_base": server.url, "api_key": "k",
+                             "tool_mode": "native"})
+        (ws.goals / "steps.md").write_text("Steps\n")
+        _, _, r = run_cli(ws, "run", "--once", "--quiet")
+        s = list_sessions(ws.sessions)[0]
+        assert s.read_result() == "steps done", r.stderr
+        cells = [c["elapsed_s"] for c in s.events("cell")]
+        t = server.timings
+        user = [t[i + 1][0] - t[i][1] - cells[i] for i in range(len(cells))]
+        return {"steps": len(user), "user_view": _stats(user), "harness_only": _stats(step_overheads(s.events()))}
 
 
 def goal_to_answer(repeats: int = 10) -> dict:
     ws = scripted_workspace(SCRIPT)
     proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "--quiet"])
     try:
-        time.sleep(3)  # let the runner start and warm its kernel pool
+        time.sleep(3)  # let the runner start and its kernel template import
         times = []
         for i in range(repeats):
             started = time.monotonic()
@@ -68,5 +95,6 @@ def goal_to_answer(repeats: int = 10) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(steps()))
+    print(json.dumps({"step_overhead_harness_only": steps_harness_only()}))
+    print(json.dumps({"step_overhead_with_litellm": steps_with_litellm()}))
     print(json.dumps(goal_to_answer()))

@@ -152,20 +152,21 @@ def child_pids(pid: int) -> list[int]:
     return sorted(kids)
 
 
-def _is_kernel(pid: int) -> bool:
+def _is_template(pid: int) -> bool:
     try:
-        return b"ipykernel" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"primefs.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
 
 def memory_report(pid: int, kernel_pids: list[int]) -> dict:
-    """The runner's memory and its kernels': those of sessions (runner.json) and spare ones (children)."""
+    """The runner's memory and its kernels': those of sessions (runner.json) and the template they
+    are forked from (a child of the runner). Forked kernels share the template's pages: PSS adds up."""
     runner = proc_memory(pid) or {"rss_kb": None, "pss_kb": None}
     session_kernels = [p for p in kernel_pids if isinstance(p, int)]
-    spare = [p for p in child_pids(pid) if p not in session_kernels and _is_kernel(p)]
+    templates = [p for p in child_pids(pid) if _is_template(p)]
     kernels = []
-    for p, role in [(p, "session") for p in session_kernels] + [(p, "spare") for p in spare]:
+    for p, role in [(p, "session") for p in session_kernels] + [(p, "template") for p in templates]:
         mem = proc_memory(p)
         if mem is not None:
             kernels.append({"pid": p, "role": role, **mem})
@@ -369,8 +370,8 @@ def runner_cmd(ctx, as_json):
         runner_mem = f"runner {_mb(mem['runner_rss_kb'])} RSS"
         if mem["runner_pss_kb"] is not None:
             runner_mem += f" ({_mb(mem['runner_pss_kb'])} PSS)"
-        n_spare = sum(1 for k in mem["kernels"] if k["role"] == "spare")
-        kernels = (f"{len(mem['kernels'])} kernel(s) ({n_spare} spare) {_mb(mem['kernels_pss_kb'])} PSS, "
+        n_sessions = sum(1 for k in mem["kernels"] if k["role"] == "session")
+        kernels = (f"{n_sessions} kernel(s) and their template {_mb(mem['kernels_pss_kb'])} PSS, "
                    f"{_mb(mem['kernels_rss_kb'])} RSS")
         lines.append(f"memory: {runner_mem}; {kernels}; total {_mb(mem['total_pss_kb'])} PSS")
     lines.append(f"log: {out['log']}")

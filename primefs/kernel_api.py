@@ -352,9 +352,9 @@ def restore(folder: str) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    # Renamed into place (a reader sees the old or the new file, never half of one), not fsynced:
+    # a snapshot guards against a runner or kernel dying, not the machine.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)

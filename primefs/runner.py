@@ -216,7 +216,8 @@ class Runner:
     def _watch(self):
         import warnings
 
-        from watchdog.events import FileSystemEventHandler
+        from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileClosedEvent,
+                                     FileCreatedEvent, FileDeletedEvent, FileMovedEvent, FileSystemEventHandler)
         from watchdog.observers import Observer
 
         # watchdog warns when a new folder's watch is added twice (harmless: events are hints)
@@ -228,10 +229,14 @@ class Runner:
                 path = getattr(event, "dest_path", "") or event.src_path
                 runner.hint(Path(os.fsdecode(path)))
 
+        # Files appearing, renamed, closed after writing or removed: not opens, reads or appends (the
+        # runner reads and appends all the time; those events would cost more than the work itself).
+        changes = [FileCreatedEvent, FileMovedEvent, FileClosedEvent, FileDeletedEvent, DirCreatedEvent,
+                   DirMovedEvent, DirDeletedEvent]
         observer = Observer()
-        observer.schedule(Hint(), str(self.ws.goals), recursive=False)
-        observer.schedule(Hint(), str(self.ws.harness), recursive=True)
-        observer.schedule(Hint(), str(self.ws.sessions), recursive=True)
+        observer.schedule(Hint(), str(self.ws.goals), recursive=False, event_filter=changes)
+        observer.schedule(Hint(), str(self.ws.harness), recursive=True, event_filter=changes)
+        observer.schedule(Hint(), str(self.ws.sessions), recursive=True, event_filter=changes)
         observer.daemon = True
         observer.start()
         return observer

@@ -52,6 +52,7 @@ class ScriptServer:
         self._requests: list[dict] = []
         self._usages: list[dict] = []
         self._failures: list[int] = []  # statuses for the next requests to fail with
+        self._timings: list[tuple[float, float]] = []  # (request read, reply sent) per completion
         self._ids = itertools.count(1)
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -106,6 +107,12 @@ class ScriptServer:
         """``{"prompt_tokens", "completion_tokens"}`` reported per successful completion, in order."""
         with self._lock:
             return [dict(u) for u in self._usages]
+
+    @property
+    def timings(self) -> list[tuple[float, float]]:
+        """``(request read, reply sent)`` wall-clock times per successful completion, in order."""
+        with self._lock:
+            return list(self._timings)
 
     def set_script(self, script: Any) -> None:
         normalized = normalize_script(script)
@@ -166,6 +173,9 @@ def _make_handler(owner: ScriptServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = 30  # idle keep-alive connections are dropped after this
+        # headers and body go out in two writes: without TCP_NODELAY the body waits ~40 ms for the
+        # client's delayed ACK of the headers, a delay of this test server, not of the client
+        disable_nagle_algorithm = True
 
         def log_message(self, format, *args):  # noqa: A002 - quiet
             pass
@@ -194,6 +204,7 @@ def _make_handler(owner: ScriptServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self):
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            arrived = time.time()
             if self._path() not in CHAT_PATHS:
                 self._send_json(404, _error_body(404, f"no route POST {self.path}"))
                 return
@@ -229,6 +240,8 @@ def _make_handler(owner: ScriptServer) -> type[BaseHTTPRequestHandler]:
                                  "finish_reason": answer["finish_reason"]}],
                     "usage": answer["usage"],
                 })
+            with owner._lock:
+                owner._timings.append((arrived, time.time()))
 
         def _stream(self, answer: dict, model: str, cid: str, created: int, include_usage: bool) -> None:
             self.send_response(200)
