@@ -111,6 +111,8 @@ class LocalKernelHost(KernelHost):
     def __init__(self, runtime_dir: Path, cwd: Path, handler: Handler, log=lambda msg: None):
         self.dir = Path(runtime_dir) / "kernels"
         self.dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.dir.iterdir():  # left by a killed runner (one runner per workspace: ours now)
+            _unlink(stale)
         self.cwd = Path(cwd)
         self.handler = handler
         self.log = log
