@@ -79,6 +79,23 @@ class BackgroundRunner:
         self.thread.join(30)
 
 
+def sigkill_runner_when(ws: Workspace, pred, what: str = "condition") -> None:
+    """Start `primefs run` as a process, wait until pred() (and half a second more), then SIGKILL it."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(pred, what=what)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def wait_for(pred, timeout: float = 60.0, what: str = "condition"):
     """Poll until pred() is truthy; return its value (tests of things that happen in other threads)."""
     deadline = time.monotonic() + timeout

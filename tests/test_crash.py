@@ -8,7 +8,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import configure, run_once, wait_for
+from conftest import configure, run_once, sigkill_runner_when
 
 from primefs import mail
 from primefs.goals import write_goal
@@ -41,15 +41,7 @@ def test_sigkill_during_a_long_cell_then_resume(ws):
         "      - text: recovered\n")
     ws = configure(ws, model="scripted/s.yaml")
     write_goal(ws, "Long job", name="long")
-    proc = start_runner(ws)
-    try:
-        wait_for(lambda: any(s.events("assistant") for s in list_sessions(ws.sessions)))
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    sigkill_runner_when(ws, lambda: any(s.events("assistant") for s in list_sessions(ws.sessions)))
     s = list_sessions(ws.sessions)[0]
     assert s.reload()["status"] == "running"
     # a torn line and a stale index.lock, as a kill can leave them

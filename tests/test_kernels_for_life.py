@@ -1,12 +1,9 @@
 """One kernel per session for life, variables that survive its shutdown, identity that cannot be stolen."""
 from __future__ import annotations
 
-import signal
 import subprocess
-import sys
-import time
 
-from conftest import BackgroundRunner, configure, run_once, wait_for
+from conftest import BackgroundRunner, configure, run_once, sigkill_runner_when, wait_for
 
 from primefs import mail
 from primefs.goals import write_goal
@@ -81,16 +78,7 @@ def test_after_a_sigkill_the_last_snapshot_comes_back(ws):
     run_once(ws)
     s = named(ws, "long")
     mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="go on")
-    proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: len(s.events("assistant")) == 2, what="the long cell")
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    sigkill_runner_when(ws, lambda: len(s.events("assistant")) == 2, what="the long cell")
     run_once(ws)
     assert s.read_result() == "recovered"
     assert s.events("cell")[-1]["output"] == "41 False\n"  # the turn-end snapshot, not the cut-off turn
