@@ -18,7 +18,7 @@ FIELDS = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
 
 def zero() -> dict:
     return {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "wall_s": 0.0,
-            "cost_unknown_calls": 0}
+            "cost_unknown_calls": 0, "tool_calls": 0, "tools": {}}
 
 
 def own_usage(session: Session) -> dict:
@@ -33,6 +33,12 @@ def own_usage(session: Session) -> dict:
             u["cost_unknown_calls"] += 0 if e.get("cost_known") else 1
         elif t == "turn_end":
             u["wall_s"] += float(e.get("elapsed_s") or 0.0)
+        elif t == "tool_call":
+            u["tool_calls"] += 1
+            per = u["tools"].setdefault(str(e.get("name")), {"calls": 0, "errors": 0, "seconds": 0.0})
+            per["calls"] += 1
+            per["errors"] += 1 if e.get("error") else 0
+            per["seconds"] = round(per["seconds"] + float(e.get("duration_s") or 0.0), 4)
     u["cost_usd"] = round(u["cost_usd"], 10)
     u["wall_s"] = round(u["wall_s"], 4)
     return u
@@ -41,6 +47,15 @@ def own_usage(session: Session) -> dict:
 def add(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():
+        if k == "tools":  # per tool: calls, errors, seconds
+            merged = {name: dict(per) for name, per in out.get("tools", {}).items()}
+            for name, per in v.items():
+                m = merged.setdefault(name, {"calls": 0, "errors": 0, "seconds": 0.0})
+                m["calls"] += per["calls"]
+                m["errors"] += per["errors"]
+                m["seconds"] = round(m["seconds"] + per["seconds"], 4)
+            out["tools"] = merged
+            continue
         out[k] = out.get(k, 0) + v
     out["cost_usd"] = round(out["cost_usd"], 10)
     out["wall_s"] = round(out["wall_s"], 4)

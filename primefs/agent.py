@@ -17,6 +17,8 @@ from .postoffice import PostOffice
 from .prompt import system_prompt
 from .providers.base import PYTHON_TOOL, ModelError
 from .session import Session
+from .toolbox import ToolBox
+from .tools import render_for_prompt as render_tools
 from .tree import SessionTree
 
 
@@ -39,13 +41,14 @@ class Agent:
     """Live state of a session in the runner: its kernel, its conversation, its turn."""
 
     def __init__(self, session: Session, *, ws, tree: SessionTree, gateway: ModelGateway, post: PostOffice,
-                 host: KernelHost, bell: Bell):
+                 host: KernelHost, bell: Bell, toolbox: ToolBox | None = None):
         self.session, self.ws, self.tree, self.gateway, self.post, self.bell = session, ws, tree, gateway, post, bell
+        self.toolbox = toolbox
         meta = session.meta
         self.settings = ws.resolve_model(meta["model"])
         self.tool_mode = self.settings["tool_mode"]
         self.limits = ws.limits(meta.get("limits") or {})
-        self.kernel = SessionKernel(host, self._kernel_spec(), session.dir / "kernel", self.limits, self.record)
+        self.kernel = SessionKernel(host, self._kernel_spec, session.dir / "kernel", self.limits, self.record)
         self.had_kernel = False  # a kernel of this session ran before (an earlier runner, or evicted)
         self.evicted = False  # its kernel was shut down while the session was idle
         self.warned: set[str] = set()  # harness problems already recorded in this session's history
@@ -67,7 +70,19 @@ class Agent:
         skill_dirs.append(str(self.ws.harness / "skills"))
         return KernelSpec(self.session.id, self.ws.root, setup={
             "context_paths": list(meta.get("context") or []), "context_data": meta.get("context_data"),
-            "skill_dirs": skill_dirs}, resources=dict(meta.get("resources") or {}))
+            "skill_dirs": skill_dirs, "tools": [t.spec() for t in self.tools()],
+            "plugins_dir": str(self.ws.plugins)}, resources=dict(meta.get("resources") or {}))
+
+    def tools(self) -> list:
+        """The tools this session gets (its `tools:` selection); names that match none are said once."""
+        if self.toolbox is None:
+            return []
+        chosen, unknown = self.toolbox.for_session(self.session.meta.get("tools"))
+        for name in unknown:
+            if f"tool:{name}" not in self.warned:
+                self.warned.add(f"tool:{name}")
+                self.record("warning", text=f"tools: {name!r} matches no tool (see `primefs tools`)")
+        return chosen
 
     # -- state ------------------------------------------------------------------------------------
     def record(self, type: str, **fields) -> dict:
@@ -124,7 +139,8 @@ class Agent:
                 self.record("warning", text=f"harness file skipped: {e.problem}")
         return system_prompt(root=self.ws.root, tool_mode=self.tool_mode, limits=self.limits,
                              context_paths=list(meta.get("context") or []), context_data=meta.get("context_data"),
-                             role=role, harness=render_for_prompt(entries, int(self.limits["memory_prompt_chars"])))
+                             role=role, harness=render_for_prompt(entries, int(self.limits["memory_prompt_chars"])),
+                             tools=render_tools(self.tools()))
 
     def complete(self, messages: list[dict], tools=None, *, purpose: str, settings: dict | None = None):
         return self.gateway.complete(self, messages, tools, purpose=purpose, settings=settings)

@@ -86,9 +86,12 @@ def init(directory, source):
 @click.option("--heartbeat", metavar="SCHEDULE", help="Re-enter the session on a schedule: 'every 10m' or "
               "5 cron fields (prompt: --heartbeat-prompt).")
 @click.option("--heartbeat-prompt", metavar="TEXT", help="The message each heartbeat delivers.")
+@click.option("--tools", "tool_names", metavar="LIST", help="The tools the session gets: names or patterns, "
+              "comma-separated ('word_count,calc_*'), 'all' (default) or 'none'.")
 @ws_option
 @click.pass_context
-def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions, heartbeat, heartbeat_prompt):
+def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions, heartbeat, heartbeat_prompt,
+         tool_names):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
     from .goalctl import BUDGET_KEYS, check_budget
 
@@ -119,6 +122,11 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
         spec = {"schedule": heartbeat, **({"prompt": heartbeat_prompt} if heartbeat_prompt else {})}
         from_spec(spec)  # a bad schedule fails here, not in the runner
         extra["heartbeat"] = spec
+    if tool_names is not None:
+        from .tools import check_selection
+
+        selection = check_selection(tool_names, "--tools")
+        extra["tools"] = "all" if selection is None else selection
     path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra or None)
     click.echo(path.relative_to(ws.root).as_posix())
 
@@ -202,6 +210,7 @@ def stop(ctx, session, tree):
 
 
 from .cli_eval import eval_cmd  # noqa: E402
+from .cli_tools import tools_cmd  # noqa: E402
 from .cli_views import log, status, usage  # noqa: E402
 from .cli_harness import harness_group, refine_cmd  # noqa: E402
 from .cli_heartbeat import heartbeat_group  # noqa: E402
@@ -209,6 +218,7 @@ from .cli_heartbeat import heartbeat_group  # noqa: E402
 main.add_command(status)
 main.add_command(log)
 main.add_command(usage)
+main.add_command(tools_cmd)
 main.add_command(harness_group)
 main.add_command(refine_cmd)
 main.add_command(eval_cmd)

@@ -166,6 +166,12 @@ def usage(ctx, session, as_json, as_tree):
         table.add_row(label, str(u["calls"]), f"{u['input_tokens']:,}", f"{u['output_tokens']:,}",
                       f"{u['cost_usd']:.6f}", f"{u['wall_s']:.2f}")
     Console(highlight=False).print(table)
+    tools = data["tree"]["tools"]
+    if tools:
+        out = Console(highlight=False)
+        out.print("tool calls (tree):", highlight=False)
+        for name, t in sorted(tools.items()):
+            out.print(f"  {name}: {t['calls']} call(s), {t['errors']} failed, {t['seconds']:.2f} s", highlight=False)
     if data["tree"]["cost_unknown_calls"]:
         err.print(f"note: {data['tree']['cost_unknown_calls']} call(s) had no known price; counted as $0",
                   highlight=False)

@@ -31,7 +31,8 @@ WARM = ("ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipyk
         "ipykernel.comm", "IPython.core.completerlib", "IPython.core.debugger", "IPython.core.oinspect",
         "IPython.extensions.storemagic", "IPython.utils.wildcard", "tornado.platform.asyncio",
         "tornado.queues", "tornado.locks", "pdb", "pydoc", "code", "http.server", "xmlrpc.server",
-        "encodings.idna", "unicodedata", "dill", "primefs.kernel_api")
+        "encodings.idna", "unicodedata", "dill", "primefs.kernel_api", "primefs.kernel_snapshot",
+        "primefs.kernel_tools")
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 

@@ -11,9 +11,10 @@ from .errors import PrimefsError
 from .fsutil import check_name, write_new
 from .goalctl import check_budget, check_end_conditions
 from .heartbeat import from_spec
+from .tools import check_selection
 from .workspace import Workspace, check_limits
 
-GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat"}
+GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools"}
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Goal:
     context: list[str] = field(default_factory=list)
     limits: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
-    control: dict = field(default_factory=dict)  # autonomous, budget, end_conditions, heartbeat
+    control: dict = field(default_factory=dict)  # autonomous, budget, end_conditions, heartbeat, tools
 
 
 def goal_files(ws: Workspace) -> list[Path]:
@@ -70,6 +71,8 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
         control["budget"] = check_budget(meta["budget"], rel)
     if meta.get("end_conditions") is not None:
         control["end_conditions"] = check_end_conditions(meta["end_conditions"], rel, conditions)
+    if "tools" in meta:
+        control["tools"] = check_selection(meta["tools"], rel)
     if meta.get("heartbeat") is not None:
         try:
             from_spec(meta["heartbeat"])

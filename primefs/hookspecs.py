@@ -35,3 +35,23 @@ def register_end_conditions(register):
     front matter (``end_conditions: [{name: arg}]``); ``ctx`` has ``workspace`` (Path) and
     ``session`` (the session id). ``report`` is shown to the model when the condition fails.
     """
+
+
+@hookspec
+def register_tools(register):
+    """Register tools, functions that code in every kernel can call as ``tools.NAME(...)``.
+
+    Call ``register(fn_or_path, runs="kernel" | "runner", name=None, description=None)`` once per tool:
+
+    - ``runs="kernel"``: ``fn_or_path`` is ``"module:attr"`` (importable in the kernel; a workspace's
+      ``plugins/`` folder is on the kernel's path) or a function whose module can be imported. It is
+      imported into each kernel at start: for pure computation, parsers, formatters.
+    - ``runs="runner"``: ``fn_or_path`` is a function; it runs in the runner process, so it may hold
+      clients and credentials a kernel must never see. The kernel gets a stub with the same
+      signature that calls it as the calling session. Arguments and results are JSON values;
+      an exception comes back as an exception in the cell.
+
+    ``name`` defaults to the function's name (a Python identifier); ``description`` to the first
+    line of its docstring, which ``help(tools.NAME)`` shows whole. A bad tool is reported by
+    ``primefs tools`` and left out; the others are not affected.
+    """

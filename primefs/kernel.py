@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 from .kernelclient import CellResult
 from .kernelhost import KernelHandle, KernelHost, KernelSpec
@@ -19,8 +20,8 @@ SNAPSHOT_MODES = ("turn", "idle", "off")
 
 
 class SessionKernel:
-    def __init__(self, host: KernelHost, spec: KernelSpec, folder: Path, limits: dict, record):
-        self.host, self.spec, self.folder = host, spec, Path(folder)
+    def __init__(self, host: KernelHost, spec: Callable[[], KernelSpec], folder: Path, limits: dict, record):
+        self.host, self.spec, self.folder = host, spec, Path(folder)  # spec: built when a kernel starts
         self.limits = limits
         self.record = record  # history events of the session: kernel started, snapshot, restored
         self.handle: KernelHandle | None = None
@@ -40,7 +41,7 @@ class SessionKernel:
             return None
         self._discard()
         started = time.monotonic()
-        self.handle = self.host.start(self.spec)
+        self.handle = self.host.start(self.spec())
         self.record("kernel", event="restarted" if why else "started", reason=why, pid=self.handle.pid,
                     node=self.handle.node, start_s=round(time.monotonic() - started, 4))
         return self._restore(why) if why else None

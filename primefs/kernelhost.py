@@ -19,7 +19,7 @@ from .kernelclient import CellResult
 
 # (session id, op, args) -> a JSON-able result; raising becomes an exception in the calling cell
 Handler = Callable[[str, str, dict], object]
-API = "__import__('primefs.kernel_api', fromlist=['api'])"
+API = "__import__('primefs.kernel_snapshot', fromlist=['api'])"
 
 
 @dataclass
@@ -51,7 +51,7 @@ class KernelHandle(ABC):
     def shutdown(self) -> None: ...
 
     def snapshot(self, folder: Path, max_bytes: int, reason: str, timeout: float = 120.0) -> dict:
-        """Save the user namespace to `folder` (see kernel_api.snapshot); returns its manifest."""
+        """Save the user namespace to `folder` (see kernel_snapshot.snapshot); returns its manifest."""
         return self._call(f"{API}.snapshot({str(folder)!r}, {int(max_bytes)}, {reason!r})", timeout)
 
     def restore(self, folder: Path, timeout: float = 120.0) -> dict:

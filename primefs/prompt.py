@@ -70,8 +70,8 @@ def describe_context(root: Path, paths: list[str], data: str | None = None) -> s
 
 
 def system_prompt(*, root: Path, tool_mode: str, limits: dict, context_paths: list[str],
-                  context_data: str | None = None, role: str | None = None, harness: str = "") -> str:
-    """base, AGENTS.md, the harness (notes, memories, skills, subagents), the role, the kernel API."""
+                  context_data: str | None = None, role: str | None = None, harness: str = "", tools: str = "") -> str:
+    """base, AGENTS.md, the harness (notes, memories, skills, subagents), the role, the kernel API, tools."""
     parts = [BASE.format(how_to_run=HOW_NATIVE if tool_mode == "native" else HOW_FENCED,
                          output_chars=limits["output_chars"], cell_timeout_s=limits["cell_timeout_s"])]
     agents = root / "AGENTS.md"
@@ -84,4 +84,6 @@ def system_prompt(*, root: Path, tool_mode: str, limits: dict, context_paths: li
     if role:
         parts.append(f"## Your role\n{role.strip()}")
     parts.append(KERNEL_API.format(context_desc=describe_context(root, context_paths, context_data)))
+    if tools:
+        parts.append(tools)
     return "\n\n".join(parts)

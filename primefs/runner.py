@@ -31,6 +31,7 @@ from .plugins import end_conditions, plugin_manager, providers
 from .postoffice import PostOffice
 from .scheduler import Scheduler
 from .services import KernelServices
+from .toolbox import ToolBox
 from .session import Session, broken_goal_line, list_sessions
 from .tree import SessionTree
 from .turns import Turns
@@ -102,17 +103,18 @@ class Runner:
         self.goals = GoalControl(self.tree, conditions, ws.root, self.bell, lambda sid: self.turns.turns_of(sid))
         self.gateway = ModelGateway(ws, providers(self.pm), self.goals, self.bell, self.log)
         self.intake = Intake(ws, self.tree, self.scheduler, self.post, conditions, self.log)
+        self.toolbox = ToolBox(ws, self.pm, self.log)
         self.turns = Turns(ws, self.tree, self.post, self.scheduler, self.goals, self.bell, self._make_agent,
                            self.intake.commit_hand_edits, self.log)
         self.services = KernelServices(ws, self.tree, self.turns, self.post, self.scheduler, self.goals,
-                                       self.intake, self.bell)
+                                       self.intake, self.bell, self.toolbox)
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
 
     def _make_agent(self, session: Session) -> Agent:
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,
-                     bell=self.bell)
+                     bell=self.bell, toolbox=self.toolbox)
 
     # -- what other code may ask ------------------------------------------------------------------
     def busy(self, sid: str) -> bool:
@@ -137,6 +139,7 @@ class Runner:
             from .localkernels import LocalKernelHost
 
             self.host = LocalKernelHost(self.ws.runtime, self.ws.root, self.services.handle, self.log)
+            self.toolbox.start()
             self.turns.committer = Committer(self.ws.root)
             self.recover()
             self.intake.tick_heartbeats()  # ticks missed while no runner ran: one coalesced message each
@@ -199,6 +202,7 @@ class Runner:
         self.turns.shutdown_kernels()
         if self.host is not None:
             self.host.close()
+        self.toolbox.close()
         self.intake.harness_touched()
         self.intake.commit_hand_edits()
         committer = self.turns.committer

@@ -6,6 +6,7 @@ every model call is accounted to are derived from it, never taken from code.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,8 @@ from .intake import Intake
 from .postoffice import PostOffice
 from .scheduler import Scheduler
 from .session import Session, create_session
+from .toolbox import ToolBox
+from .tools import check_selection
 from .tree import SessionTree
 from .turns import Turns
 
@@ -30,9 +33,9 @@ class ChildFailed(RuntimeError):
 
 class KernelServices:
     def __init__(self, ws, tree: SessionTree, turns: Turns, post: PostOffice, scheduler: Scheduler,
-                 goals: GoalControl, intake: Intake, bell: Bell):
+                 goals: GoalControl, intake: Intake, bell: Bell, toolbox: ToolBox):
         self.ws, self.tree, self.turns, self.post, self.scheduler = ws, tree, turns, post, scheduler
-        self.goals, self.intake, self.bell = goals, intake, bell
+        self.goals, self.intake, self.bell, self.toolbox = goals, intake, bell, toolbox
 
     def handle(self, sid: str, op: str, args: dict):
         method = getattr(self, f"op_{op}", None)
@@ -44,9 +47,10 @@ class KernelServices:
         if "agent" in args:  # rlm(agent=...) names a subagent spec, not the caller
             args["agent_spec"] = args.pop("agent")
         try:
-            return method(agent, **args)
+            inspect.signature(method).bind(agent, **args)
         except TypeError as exc:
             raise ValueError(f"bad arguments for {op}: {exc}") from None
+        return method(agent, **args)
 
     # -- model calls ------------------------------------------------------------------------------
     def _settings(self, agent, model: str | None) -> dict:
@@ -74,6 +78,9 @@ class KernelServices:
             raise PrimefsError(refusal)
         agent.done_answer = answer
         return True
+
+    def op_tool(self, agent, name: str, args: list | None = None, kwargs: dict | None = None) -> dict:
+        return self.toolbox.call(agent, name, list(args or []), dict(kwargs or {}))
 
     def op_goal_status(self, agent) -> dict:
         return self.goals.status(agent)
@@ -103,9 +110,13 @@ class KernelServices:
             if not explicit_model and spec_model and spec_model != "inherit":
                 model = str(spec_model)
             extra["agent"] = agent_spec
+            if "tools" in spec.meta:  # the spec's own selection, else the parent's (below)
+                extra["tools"] = check_selection(spec.meta["tools"], f"subagent spec {agent_spec}")
         self.ws.resolve_model(model)  # unknown model: error in the cell, nothing created
         if parent.meta.get("limits"):
             extra["limits"] = parent.meta["limits"]
+        if "tools" not in extra and parent.meta.get("tools") is not None:
+            extra["tools"] = parent.meta["tools"]
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
                                extra=extra, files=_context_files(context))
         agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)

@@ -31,6 +31,7 @@ DEFAULT_LIMITS = {
     "memory_prompt_chars": 4000,
     "refine_events": 60,
     "compact_at_tokens": 0,  # 0: 3/4 of the model's input window (when litellm knows it)
+    "tool_timeout_s": 60,  # a runner tool or MCP call (and an MCP server's start) taking longer fails
     "snapshot": "turn",  # when a session's variables are saved: turn (at every turn end), idle, off
     "snapshot_max_mb": 256,  # a snapshot larger than this leaves the rest of the variables out
 }
@@ -39,7 +40,7 @@ CHOICES = {"snapshot": ("turn", "idle", "off")}
 RETIRED = {"kernel_pool", "reuse_kernels"}
 TOOL_MODES = ("native", "fenced")
 AT_LEAST_ONE = {"max_steps_per_turn", "max_concurrent_sessions", "llm_batch_concurrency"}
-POSITIVE = {"cell_timeout_s", "snapshot_max_mb"}
+POSITIVE = {"cell_timeout_s", "snapshot_max_mb", "tool_timeout_s"}
 
 
 def check_limits(limits: dict, where: str) -> None:

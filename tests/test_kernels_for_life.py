@@ -78,7 +78,7 @@ def test_after_a_sigkill_the_last_snapshot_comes_back(ws):
     run_once(ws)
     s = named(ws, "long")
     mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="go on")
-    sigkill_runner_when(ws, lambda: len(s.events("assistant")) == 2, what="the long cell")
+    sigkill_runner_when(ws, lambda: len(s.events("assistant")) == 3, what="the long cell")  # turn 1 had 2
     run_once(ws)
     assert s.read_result() == "recovered"
     assert s.events("cell")[-1]["output"] == "41 False\n"  # the turn-end snapshot, not the cut-off turn

@@ -1,0 +1,142 @@
+"""The runner's tools: plugin tools and MCP servers' tools, which of them a session gets, and calls
+of runner tools from kernels (as the calling session: timeouts, JSON checks, the `tool_call` record)."""
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+import time
+from pathlib import Path
+
+from . import tools as T
+
+BIG_RESULT_BYTES = 256 * 1024  # larger results travel as a file, not over the socket
+
+
+class ToolBox:
+    def __init__(self, ws, pm, log=lambda m: None):
+        self.ws, self.log = ws, log
+        self.timeout = float(ws.limits()["tool_timeout_s"])
+        self._plugin_tools = T.collect(pm, ws.plugins)
+        for t in self._plugin_tools:
+            if t.problem:
+                log(f"warning: {t.problem}")
+        self.hub = None
+        self._hub_ready = threading.Event()
+        self._lock = threading.Lock()
+        self._all: list[T.Tool] | None = None
+
+    def start(self, background: bool = True) -> None:
+        """Start the MCP servers (in the background: the first session that needs tools waits)."""
+        servers = self.ws.config.get("mcp_servers")
+        if not servers:
+            self._hub_ready.set()
+            return
+
+        def go():
+            from .mcptools import MCPHub
+
+            try:
+                self.hub = MCPHub(servers, self.timeout, self.log)
+                self.hub.start_all()
+            except Exception as exc:  # a bad mcp_servers section must not stop the runner
+                self.log(f"warning: MCP servers not started: {exc}")
+            finally:
+                self._hub_ready.set()
+
+        if background:
+            threading.Thread(target=go, name="primefs-mcp-start", daemon=True).start()
+        else:
+            go()
+
+    def all(self) -> list[T.Tool]:
+        """Every tool, usable or not (those with a problem say why)."""
+        self._hub_ready.wait(self.timeout + 10)
+        with self._lock:
+            found = list(self._plugin_tools) + (self.hub.tools() if self.hub else [])
+            return T.dedupe([_copy(t) for t in found])
+
+    def for_session(self, selection) -> tuple[list[T.Tool], list[str]]:
+        return T.select(self.all(), selection)
+
+    # -- calls from kernels -----------------------------------------------------------------------
+    def call(self, agent, name: str, args: list, kwargs: dict):
+        """Run a runner tool for `agent`'s session; record the call in its history."""
+        if not isinstance(name, str):
+            raise ValueError("a tool name is a string")
+        chosen, _ = self.for_session(agent.session.meta.get("tools"))
+        tool = next((t for t in chosen if t.name == name), None)
+        if tool is None or tool.runs != "runner":
+            raise LookupError(f"no runner tool {name!r} for this session (see `primefs tools`)")
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ValueError("tool arguments must be a list and a mapping")
+        try:
+            bound = inspect.signature(tool.fn).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"tools.{name}{tool.signature}: {exc}") from None
+        started = time.monotonic()
+        error = None
+        try:
+            result = _with_timeout(lambda: tool.fn(*bound.args, **bound.kwargs), self.timeout, name)
+            data = _json(result, name)
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            agent.record("tool_call", name=name, plugin=tool.plugin, duration_s=round(time.monotonic() - started, 4),
+                         error=error[:500] if error else None)
+        if len(data) > BIG_RESULT_BYTES:
+            return {"file": self._spill(agent.session.dir, name, data)}
+        return {"value": result}
+
+    def _spill(self, session_dir: Path, name: str, data: str) -> str:
+        folder = session_dir / "kernel" / "tool-results"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{time.time_ns()}-{name}.json"
+        path.write_text(data, encoding="utf-8")
+        return str(path)
+
+    def close(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
+
+
+def _copy(t: T.Tool) -> T.Tool:
+    from dataclasses import replace
+
+    return replace(t)
+
+
+def _json(value, name: str) -> str:
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"tool {name} returned a {type(value).__name__}, not a JSON value ({exc})") from None
+
+
+def _with_timeout(fn, timeout: float, name: str):
+    """Run `fn` in a thread of its own; give up waiting after `timeout` s (the thread is left to end)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name=f"tool-{name}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"tool {name} did not return within {timeout:g} s (limits.tool_timeout_s)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def check_config(ws) -> None:
+    """`mcp_servers:` is well formed (for the runner's start and `primefs tools`)."""
+    from .mcptools import check_servers
+
+    check_servers(ws.config.get("mcp_servers"))
+
