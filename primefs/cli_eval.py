@@ -129,25 +129,27 @@ def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, config, ou
 
 
 class _bar:
-    """A progress bar on standard error; `progress(k)` advances it, `progress(0, total=N)` sizes it."""
+    """A progress bar on standard error; `progress(0, total=N)` shows it once the items are known
+    (a bad input fails before, as one line), `progress(k)` advances it."""
 
     def __init__(self, title: str):
-        self.title = title
+        self.title, self.task = title, None
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             console=Console(stderr=True), transient=False)
 
     def __enter__(self):
-        self.bar.__enter__()
-        task = self.bar.add_task(self.title, total=None)
-
         def progress(k, total=None):
-            if total is not None:
-                self.bar.update(task, total=total)
-            self.bar.advance(task, k)
+            if self.task is None:
+                self.bar.start()
+                self.task = self.bar.add_task(self.title, total=total)
+            elif total is not None:
+                self.bar.update(self.task, total=total)
+            self.bar.advance(self.task, k)
         return progress
 
     def __exit__(self, *exc):
-        return self.bar.__exit__(*exc)
+        if self.task is not None:
+            self.bar.stop()
 
 
 def _show(summary: dict, out_dir: Path, as_json: bool, extra: dict | None = None) -> None:
