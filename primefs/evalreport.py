@@ -79,12 +79,15 @@ def stats(g: dict) -> dict:
 
 def markdown_table(table: list[dict]) -> str:
     lines = ["| benchmark | model | mode | items | mean score (95% CI) | tokens/item | cost $ | wall s/item "
-             "| failures (stop reason) |", "|---|---|---|---:|---|---:|---:|---:|---|"]
+             "| failures (stop reason) | context chars (mean) | cut to window |",
+             "|---|---|---|---:|---|---:|---:|---:|---|---:|---:|"]
     for s in table:
         ci = f" ({s['ci95'][0]:.2f}-{s['ci95'][1]:.2f})" if s["ci95"] else ""
         fails = ", ".join(f"{k}: {v}" for k, v in s["failures"].items()) or "none"
+        cut = f"{s['cut_items']} of {s['items']}" if s["mode"] == "direct" else "-"
         lines.append(f"| {s['benchmark']} | {s['model']} | {s['mode']} | {s['items']} | {s['mean_score']:.3f}{ci} "
-                     f"| {s['tokens_per_item']:,.0f} | {s['cost_usd']:.4f} | {s['wall_s_per_item']:.2f} | {fails} |")
+                     f"| {s['tokens_per_item']:,.0f} | {s['cost_usd']:.4f} | {s['wall_s_per_item']:.2f} | {fails} "
+                     f"| {s['context_chars_mean']:,} | {cut} |")
     return "\n".join(lines)
 
 
@@ -106,8 +109,8 @@ def plot(groups: list[dict], key: str, path: Path) -> None:
         ax.scatter(xs, ys, s=14, alpha=0.35, color=color)
         if key == "context_chars":  # mean score at each context length: a curve
             by_x: dict[float, list[float]] = {}
-            for r in g["rows"]:
-                by_x.setdefault(r.get(key) or 0, []).append(r["score"])
+            for r in g["rows"]:  # items of one size differ by a few characters: 2 significant digits
+                by_x.setdefault(float(f"{r.get(key) or 0:.2g}"), []).append(r["score"])
             pts = sorted((x, statistics.fmean(v)) for x, v in by_x.items())
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=color, label=label, ms=5)
         else:  # the group's mean, with its confidence interval
@@ -116,7 +119,7 @@ def plot(groups: list[dict], key: str, path: Path) -> None:
             ax.errorbar([statistics.fmean(xs)], [mean], yerr=yerr, fmt="o", ms=8, color=color, capsize=4,
                         label=label)
     positive = [x for x in xs_all if x > 0]
-    if positive and len(positive) == len(xs_all) and max(positive) / min(positive) > 20:
+    if positive and len(positive) == len(xs_all) and max(positive) / min(positive) > 10:
         ax.set_xscale("log")
     ax.set_ylim(-0.08, 1.08)
     ax.set_xlabel(xlabel + (" - all 0 (local or scripted model)" if key == "cost_usd" and not any(xs_all) else ""))
@@ -142,7 +145,8 @@ def write_report(run_dirs: list[Path], out: Path) -> dict:
     text = ["# Eval report", "", md, "",
             "Mean score with a 95% confidence interval (Student's t over item scores, clipped to 0-1); "
             "tokens (input + output) and wall time are per item, over each item's whole session tree; "
-            "cost is the total. Failures: items whose last turn did not answer, by stop reason.", "",
+            "cost is the total. Failures: items whose last turn did not answer, by stop reason. "
+            "Cut to window: direct items whose context was cut to fit the model's input window.", "",
             *[f"![{n[:-4].replace('_', ' ')}]({n})" for n in files], "", "Runs:",
             *[f"- `{r}`" for r in runs], ""]
     (out / "report.md").write_text("\n".join(text), encoding="utf-8")

@@ -83,7 +83,7 @@ def test_report_table_and_plots(both_run, tmp_path):
     d, _ = both_run
     r = cli("eval", "report", str(d / "run"), "--out", str(tmp_path / "rep"), cwd=d)
     assert r.returncode == 0, r.stderr
-    assert "| needle | scripted/script.yaml | rlm | 2 | 0.500 (0.00-1.00) |" in r.stdout
+    assert "| needle | scripted/script.yaml | rlm | 2 | 0.500 (0.00-1.00) |" in r.stdout and "| 0 of 2 |" in r.stdout
     assert "| needle | scripted/script.yaml | direct | 2 | 0.000 (0.00-0.00) |" in r.stdout
     md = (tmp_path / "rep" / "report.md").read_text()
     for png in ("score_vs_tokens.png", "score_vs_cost.png", "score_vs_context.png"):
