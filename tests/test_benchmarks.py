@@ -251,3 +251,32 @@ PAIRS_EXPECTED = [["u1001", "u1002"], ["u1001", "u1003"], ["u1002", "u1003"], ["
 ])
 def test_pairs_score(answer, score):
     assert pairs.PairsBenchmark().score(answer, PAIRS_EXPECTED) == pytest.approx(score)
+
+
+# -- sizes chosen per run (`primefs eval --param`) ---------------------------------------------------
+def test_needle_at_ten_million_characters():
+    bench = needle.NeedleBenchmark()
+    start = time.perf_counter()
+    it = next(bench.items(1, 0, chars=10_000_000, keys=3))
+    assert time.perf_counter() - start < 5.0
+    assert abs(len(it["context"]) - 10_000_000) < 0.01 * 10_000_000 and len(it["expected"]) == 3
+    assert bench.score(bench.oracle(it), it["expected"]) == 1.0
+    assert next(bench.items(1, 0)) == bench.make_item(0, 0)  # no parameter: the registered size
+
+
+@pytest.mark.parametrize("mode", ["explicit", "inferred"])
+def test_aggregate_and_pairs_at_5000_records(mode):
+    for bench in (agg.AggregateBenchmark(mode), pairs.PairsBenchmark(mode)):
+        items = list(bench.items(2, 4, lines=5000))
+        assert items == list(bench.items(2, 4, lines=5000))
+        for it in items:
+            assert it["context"].count("\n") == 5000
+            assert bench.score(bench.oracle(it), it["expected"]) == 1.0
+    assert list(pairs.PairsBenchmark().items(1, 4, users=100))[0]["context"].count("\n") < 5000
+
+
+def test_pairs_without_lines_is_unchanged_and_refuses_too_few_lines():
+    bench = pairs.PairsBenchmark()
+    assert next(bench.items(1, 2)) == bench.make_item(2, 0)
+    with pytest.raises(ValueError, match="at least users"):
+        list(bench.items(1, 0, lines=100))

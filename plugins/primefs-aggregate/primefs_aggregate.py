@@ -239,9 +239,15 @@ class AggregateBenchmark:
             f"numbers 0.75**|error|."
         )
 
-    def items(self, n: int = 10, seed: int = 0) -> Iterator[dict]:
+    def items(self, n: int = 10, seed: int = 0, *, lines: int | None = None,
+              users: int | None = None) -> Iterator[dict]:
+        """Items of this benchmark, or of a variant with other `lines` / `users` (e.g. lines=5000)."""
+        bench = self
+        if (lines, users) != (None, None):
+            bench = AggregateBenchmark(self.mode, lines=self.lines if lines is None else lines,
+                                       users=self.users if users is None else users, name=self.name)
         for i in range(n):
-            yield self.make_item(seed, i)
+            yield bench.make_item(seed, i)
 
     def make_item(self, seed: int, i: int) -> dict:
         rng = random.Random(f"{self.name}|{self.mode}|{self.lines}|{self.users}|{seed}|{i}")

@@ -144,9 +144,17 @@ class NeedleBenchmark:
         )
 
     # -- items ------------------------------------------------------------------------------------
-    def items(self, n: int = 10, seed: int = 0, *, tokens: int | None = None) -> Iterator[dict]:
+    def items(self, n: int = 10, seed: int = 0, *, tokens: int | None = None, chars: int | None = None,
+              keys: int | None = None) -> Iterator[dict]:
+        """Items of this benchmark, or of a variant: `tokens` or `chars` (haystack size; `chars`
+        wins, e.g. chars=10_000_000), `keys` (asked keys, with this benchmark's other settings)."""
+        bench = self
+        if keys is not None and int(keys) != self.keys:
+            bench = NeedleBenchmark(tokens=self.tokens, keys=int(keys), extra_keys=self.extra_keys, name=self.name)
+        if chars is not None:
+            tokens = max(64, int(chars) // CHARS_PER_TOKEN)
         for i in range(n):
-            yield self.make_item(seed, i, tokens=tokens)
+            yield bench.make_item(seed, i, tokens=tokens)
 
     def make_item(self, seed: int, i: int, *, tokens: int | None = None) -> dict:
         tokens = self.tokens if tokens is None else int(tokens)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as _dt
 import random
 import re
+from collections import Counter
 from itertools import combinations
 from typing import Iterator
 
@@ -127,18 +128,23 @@ class PairsBenchmark:
     mode:                 "explicit" (lines carry ` || Label: <label>`) or "inferred" (they do not).
     users:                distinct users per item (default 50).
     max_lines_per_label:  a user with a label has 1..this many lines with it (default 10).
+    lines:                exactly this many records instead (at least users * 6; e.g. 5000):
+                          one per (user, label) held, the rest spread at random.
     The expected set has between 3 and about 200 pairs.
     """
 
     def __init__(self, mode: str = "explicit", users: int = 50, max_lines_per_label: int = 10,
-                 name: str | None = None):
+                 lines: int | None = None, name: str | None = None):
         if mode not in ("explicit", "inferred"):
             raise ValueError("mode must be 'explicit' or 'inferred'")
         if users < 30 or max_lines_per_label < 1:
             raise ValueError("need at least 30 users and max_lines_per_label >= 1")
+        if lines is not None and lines < users * len(LABELS):
+            raise ValueError(f"lines must be at least users * {len(LABELS)} ({users * len(LABELS)})")
         self.mode = mode
         self.users = int(users)
         self.max_lines_per_label = int(max_lines_per_label)
+        self.lines = None if lines is None else int(lines)
         self.name = name or ("pairs" if mode == "explicit" else "pairs-inferred")
         how = "each line carries its label" if mode == "explicit" else "labels inferred from the text"
         self.description = (
@@ -146,12 +152,21 @@ class PairsBenchmark:
             f"label condition. Score: F1 over unordered pairs."
         )
 
-    def items(self, n: int = 10, seed: int = 0) -> Iterator[dict]:
+    def items(self, n: int = 10, seed: int = 0, *, lines: int | None = None,
+              users: int | None = None) -> Iterator[dict]:
+        """Items of this benchmark, or of a variant with other `users` / an exact record count `lines`."""
+        bench = self
+        if (lines, users) != (None, None):
+            bench = PairsBenchmark(self.mode, users=self.users if users is None else users,
+                                   max_lines_per_label=self.max_lines_per_label,
+                                   lines=self.lines if lines is None else lines, name=self.name)
         for i in range(n):
-            yield self.make_item(seed, i)
+            yield bench.make_item(seed, i)
 
     def make_item(self, seed: int, i: int) -> dict:
-        rng = random.Random(f"{self.name}|{self.mode}|{self.users}|{self.max_lines_per_label}|{seed}|{i}")
+        # `lines` joins the seed only when set: items made without it stay what they always were
+        rng = random.Random(f"{self.name}|{self.mode}|{self.users}|{self.max_lines_per_label}|{seed}|{i}"
+                            + (f"|lines={self.lines}" if self.lines else ""))
         users = [f"u{n}" for n in rng.sample(range(1000, 10000), self.users)]
         kind = rng.choice(list(QUESTIONS))
         x, y = rng.sample(LABELS, 2)
@@ -181,12 +196,19 @@ class PairsBenchmark:
                 members[rng.choice(free)].add(u)
 
         records = []
-        for u in users:
-            for label in LABELS:
-                if u in members[label]:
-                    for _ in range(rng.randint(1, self.max_lines_per_label)):
-                        day = _dt.date.fromordinal(_START + rng.randrange(_DAYS)).isoformat()
-                        records.append((day, u, label))
+        if self.lines is None:
+            for u in users:
+                for label in LABELS:
+                    if u in members[label]:
+                        for _ in range(rng.randint(1, self.max_lines_per_label)):
+                            day = _dt.date.fromordinal(_START + rng.randrange(_DAYS)).isoformat()
+                            records.append((day, u, label))
+        else:  # exactly `lines` records: one per (user, label) held, the rest spread at random
+            held = [(u, label) for u in users for label in LABELS if u in members[label]]
+            counts = Counter(rng.choices(range(len(held)), k=self.lines - len(held)))
+            for j, (u, label) in enumerate(held):
+                for _ in range(1 + counts[j]):
+                    records.append((_dt.date.fromordinal(_START + rng.randrange(_DAYS)).isoformat(), u, label))
         rng.shuffle(records)
         out = []
         for day, u, label in records:
