@@ -67,19 +67,25 @@ class UsageIndex:
 
     def __init__(self, sessions_dir: Path):
         self.sessions, self.problems = {}, []
+        self.broken: dict[str, str] = {}  # id -> why its session.yaml cannot be used (shown, not fatal)
         for s in list_sessions(sessions_dir):
             try:
-                s.meta  # a broken session.yaml is reported, not fatal for the whole workspace
+                s.meta
                 self.sessions[s.id] = s
             except (PrimefsError, OSError) as exc:
                 self.problems.append(str(exc))
+                self.broken[s.id] = str(exc)
         self.children: dict[str | None, list[str]] = defaultdict(list)
         for sid, s in self.sessions.items():
             self.children[s.meta.get("parent")].append(sid)
         self.own = {sid: own_usage(s) for sid, s in self.sessions.items()}
+        for sid in self.broken:  # its history still counts
+            self.own[sid] = own_usage(Session(Path(sessions_dir) / sid))
         self._tree: dict[str, dict] = {}
 
     def tree(self, sid: str) -> dict:
+        if sid in self.broken:
+            return self.own[sid]
         if sid not in self._tree:
             total = dict(self.own[sid])
             for child in subtree(self.children, sid)[1:]:
@@ -94,7 +100,7 @@ def tree_order(index) -> list[str]:
     stack = sorted((sid for sid in index.children.get(None, [])), reverse=True)
     orphans = [sid for sid, s in index.sessions.items()
                if s.meta.get("parent") and s.meta.get("parent") not in index.sessions]
-    stack += sorted(orphans, reverse=True)
+    stack += sorted(orphans + list(getattr(index, "broken", {})), reverse=True)
     while stack:
         sid = stack.pop()
         order.append(sid)

@@ -163,7 +163,7 @@ def _pairs(pairs, flag: str, known, number: bool = False) -> dict:
 
 
 def parse_limits(pairs) -> dict:
-    from .workspace import CHOICES, DEFAULT_LIMITS, check_limits
+    from .settings import CHOICES, DEFAULT_LIMITS, check_limits
 
     words = [p for p in pairs if p.partition("=")[0] in CHOICES]  # e.g. snapshot=off
     limits = _pairs([p for p in pairs if p not in words], "--limit", DEFAULT_LIMITS, number=True)

@@ -26,6 +26,10 @@ def _short(text: str | None, n: int = 60) -> str:
 
 
 def session_record(index: UsageIndex, sid: str) -> dict:
+    if sid in index.broken:  # shown as broken, with why; its history still counts
+        return {"id": sid, "name": None, "parent": None, "depth": 0, "status": "broken", "stop_reason": None,
+                "error": index.broken[sid], "model": None, "goal": None, "created": None, "updated": None,
+                "turns": None, "result": None, "usage": index.own[sid], "tree_usage": index.tree(sid)}
     s = index.sessions[sid]
     m = s.meta
     return {"id": s.id, "name": m.get("name"), "parent": m.get("parent"), "depth": m.get("depth", 0),
@@ -48,7 +52,7 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
     taken |= {broken_goal_line(s.dir / "session.yaml") for s in list_sessions(ws.sessions) if s.id not in index.sessions}
     conditions = None
     problems = [f"error: harness file skipped: {e.problem}" for e in Harness(ws).list(all_sessions=True) if e.problem]
-    problems += [f"error: session skipped: {p}" for p in index.problems]
+    problems += [f"error: session broken: {p}" for p in index.problems]
     for path in goal_files(ws):
         rel = path.relative_to(ws.root).as_posix()
         if rel in taken:
@@ -91,8 +95,8 @@ def status(ctx, as_json):
         for r in records:
             tu = r["tree_usage"]
             state = r["status"] + (f" ({r['stop_reason']})" if r["stop_reason"] and r["status"] != "done" else "")
-            detail = r["error"] if r["status"] == "failed" else (r["result"] or r["goal"] or "")
-            table.add_row("  " * int(r["depth"] or 0) + r["id"], r["name"] or "", state, str(r["turns"]),
+            detail = r["error"] if r["status"] in ("failed", "broken") else (r["result"] or r["goal"] or "")
+            table.add_row("  " * int(r["depth"] or 0) + r["id"], r["name"] or "", state, str(r["turns"] or "?"),
                           f"{tu['input_tokens'] + tu['output_tokens']:,}", f"{tu['cost_usd']:.4f}", _short(detail))
         out.print(table)
     else:

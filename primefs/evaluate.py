@@ -25,7 +25,8 @@ from .evalitems import FileBenchmark, bench_items, context_chars, find_benchmark
 from .evalrecord import differences, is_local, models_record, package_versions, read_run, scrub
 from .plugins import end_conditions, plugin_manager
 from .session import create_session
-from .workspace import Workspace, check_limits, init_workspace
+from .settings import check_limits
+from .workspace import Workspace, init_workspace
 
 CONFIG_KEYS = {"benchmark", "n", "seed", "model", "models", "limits", "budget", "end_conditions", "autonomous",
                "refine", "concurrency", "mode", "params", "scorer"}
@@ -76,8 +77,42 @@ def prepare_workspace(out: Path, cfg: dict, given: Workspace | None) -> tuple[Wo
         if cfg.get("models"):
             raise PrimefsError("with -w, define model aliases in the workspace's primefs.yaml, not in the eval config")
     model = cfg.get("model") or ws.config.get("model") or "local"  # the eval's choice, not $PRIMEFS_MODEL
+    if given is None:
+        model = copy_scripts_in(ws, model)
     ws.resolve_model(model)  # a bad model fails here, before any item runs
     return ws, model
+
+
+def copy_scripts_in(ws: Workspace, model: str) -> str:
+    """Script files of scripted models must be inside the workspace: a fresh eval workspace gets a
+    copy of each one named from outside (the model id and aliases are rewritten to the copy)."""
+    import shutil
+
+    def inside(given: str) -> str:
+        src = Path(given).expanduser()
+        if not src.is_absolute() or src.resolve().is_relative_to(ws.root):
+            return given
+        if not src.is_file():
+            raise PrimefsError(f"script file not found: {given}")
+        dest = ws.root / "scripts" / src.name
+        dest.parent.mkdir(exist_ok=True)
+        shutil.copyfile(src, dest)
+        return dest.relative_to(ws.root).as_posix()
+
+    conf = load_yaml(ws.root / "primefs.yaml")
+    changed = False
+    for alias in (conf.get("models") or {}).values():
+        if isinstance(alias, dict):
+            for key, prefix in (("script", ""), ("model", "scripted/")):
+                value = alias.get(key)
+                if isinstance(value, str) and value.startswith(prefix) and (key == "script" or prefix):
+                    new = prefix + inside(value[len(prefix):])
+                    changed |= new != value
+                    alias[key] = new
+    if changed:
+        (ws.root / "primefs.yaml").write_text(dump_yaml(conf))
+        ws.__dict__.pop("config", None)  # read again
+    return "scripted/" + inside(model[len("scripted/"):]) if model.startswith("scripted/") else model
 
 
 def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, workspace: Workspace | None = None,

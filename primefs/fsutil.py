@@ -13,7 +13,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def check_name(name: str, what: str = "name") -> str:
     """Names from outside become file names: refuse anything that could escape a folder."""
-    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
         raise PrimefsError(f"invalid {what} {name!r}: use letters, digits, '.', '_' or '-' (max 128), "
                            "starting with a letter or digit")
     return name

@@ -10,6 +10,7 @@ in the tree. A stop for a limit never reports success: the status is `stopped`, 
 from __future__ import annotations
 
 import time
+import math
 import threading
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,7 @@ from .tree import SessionTree
 
 BUDGET_KEYS = {"turns": "budget:turns", "tokens": "budget:tokens", "seconds": "budget:seconds",
                "cost_usd": "budget:cost"}
+BUDGET_MAX = {"turns": 1e7, "tokens": 1e13, "seconds": 1e9, "cost_usd": 1e9}
 
 
 class SessionStopping(Exception):
@@ -41,8 +43,10 @@ def check_budget(value, where: str) -> dict:
     for key, limit in value.items():
         if key not in BUDGET_KEYS:
             raise PrimefsError(f"{where}: unknown budget {key!r} (known: {', '.join(BUDGET_KEYS)})")
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0:
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
             raise PrimefsError(f"{where}: budget {key} must be a positive number, not {limit!r}")
+        if limit > BUDGET_MAX[key]:
+            raise PrimefsError(f"{where}: budget {key} must be at most {BUDGET_MAX[key]:g}, not {limit!r}")
         out[str(key)] = limit
     return out
 

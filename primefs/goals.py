@@ -12,9 +12,13 @@ from .fsutil import check_name, write_new
 from .goalctl import check_budget, check_end_conditions
 from .heartbeat import from_spec
 from .tools import check_selection
-from .workspace import Workspace, check_limits
+from .settings import check_limits, check_sandbox
+from .workspace import Workspace
 
-GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools"}
+GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
+             "sandbox"}
+MAX_CONTEXT_FILES = 10_000
+MAX_PATH_CHARS = 4096
 
 
 @dataclass
@@ -42,7 +46,7 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
 
     `conditions`: the registered end conditions, to refuse unknown names (None: shape only)."""
     rel = path.relative_to(ws.root).as_posix()
-    meta, body = frontmatter.read(path, rel)
+    meta, body = frontmatter.read(path, rel, root=ws.root)  # a link out of the workspace is refused
     unknown = set(meta) - GOAL_KEYS
     if unknown:
         raise PrimefsError(f"{rel}: unknown front matter key(s): {', '.join(sorted(map(str, unknown)))} "
@@ -50,18 +54,19 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
     task = body.strip()
     if not task:
         raise PrimefsError(f"{rel}: the goal has no task text (the body after the front matter is empty)")
-    name = str(meta.get("name") or path.stem)
+    name = meta.get("name") or path.stem
+    if not isinstance(name, str):
+        raise PrimefsError(f"{rel}: `name:` must be text, not {type(name).__name__}")
     check_name(name, f"goal name in {rel}")
     context = meta.get("context") or []
     if isinstance(context, str):
         context = [context]
-    if not isinstance(context, list):
+    if not isinstance(context, list) or not all(isinstance(c, str) for c in context):
         raise PrimefsError(f"{rel}: `context:` must be a file path or a list of file paths")
-    context = [check_context_path(ws, str(c), rel) for c in context]
-    limits = meta.get("limits") or {}
-    if not isinstance(limits, dict):
-        raise PrimefsError(f"{rel}: `limits:` must be a mapping")
-    check_limits(limits, rel)
+    if len(context) > MAX_CONTEXT_FILES:
+        raise PrimefsError(f"{rel}: `context:` names {len(context)} files; at most {MAX_CONTEXT_FILES}")
+    context = [check_context_path(ws, c, rel) for c in context]
+    limits = check_limits(meta.get("limits") or {}, rel)
     control = {}
     if "autonomous" in meta:
         if not isinstance(meta["autonomous"], bool):
@@ -79,6 +84,10 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
         except PrimefsError as exc:
             raise PrimefsError(f"{rel}: {exc}") from None
         control["heartbeat"] = meta["heartbeat"]
+    if meta.get("sandbox") is not None:
+        control["sandbox"] = check_sandbox(meta["sandbox"], rel) or False
+    if meta.get("model") is not None and not isinstance(meta["model"], str):
+        raise PrimefsError(f"{rel}: `model:` must be text, not {type(meta['model']).__name__}")
     model = str(meta.get("model") or ws.default_model())
     try:
         settings = ws.resolve_model(model)
@@ -89,11 +98,21 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
 
 
 def check_context_path(ws: Workspace, rel: str, where: str) -> str:
-    p = (ws.root / rel).resolve()
-    if not p.is_relative_to(ws.root):
-        raise PrimefsError(f"{where}: context file {rel!r} is outside the workspace")
-    if not p.is_file():
-        raise PrimefsError(f"{where}: context file not found: {rel}")
+    """A context file: a regular file inside the workspace (after following links), by a sane path."""
+    shown = rel if len(rel) <= 80 else rel[:77] + "..."
+    if "\0" in rel or len(rel) > MAX_PATH_CHARS:
+        raise PrimefsError(f"{where}: context path {shown!r} is not a usable path "
+                           f"(a NUL byte, or over {MAX_PATH_CHARS} characters)")
+    try:
+        p = (ws.root / rel).resolve()
+        inside = p.is_relative_to(ws.root)
+        found = inside and p.is_file()
+    except (OSError, ValueError, RuntimeError) as exc:  # ENAMETOOLONG, link loops
+        raise PrimefsError(f"{where}: context path {shown!r} cannot be used: {exc}") from None
+    if not inside:
+        raise PrimefsError(f"{where}: context file {shown!r} is outside the workspace")
+    if not found:
+        raise PrimefsError(f"{where}: context file not found: {shown}")
     return p.relative_to(ws.root).as_posix()
 
 

@@ -47,7 +47,7 @@ def check_kind(kind: str) -> str:
 
 
 def check_entry_name(name: str) -> str:
-    if not isinstance(name, str) or len(name) > 64 or not NAME_RE.match(name):
+    if not isinstance(name, str) or len(name) > 64 or not NAME_RE.fullmatch(name):
         raise PrimefsError(f"invalid harness name {name!r}: use lowercase letters, digits and single '-' "
                            "between them (kebab-case, max 64), e.g. sky-color")
     return name
@@ -102,7 +102,7 @@ class Harness:
         entry = Entry(kind, name, scope, session, self._rel(path))
         md = path / SKILL_FILE if kind == "skill" else path
         label = self._rel(md)
-        if not NAME_RE.match(name) or len(name) > 64:
+        if not NAME_RE.fullmatch(name) or len(name) > 64:
             entry.problem = f"{label}: {name!r} is not a valid harness name (kebab-case, max 64)"
             return entry
         if kind == "skill":
@@ -115,7 +115,7 @@ class Harness:
                 entry.problem = f"{label}: missing (a skill folder needs a SKILL.md)"
                 return entry
         try:
-            meta, body = frontmatter.read(md, label)
+            meta, body = frontmatter.read(md, label, root=self.root)  # a link out of the workspace is refused
         except PrimefsError as exc:
             entry.problem = str(exc)
             return entry
@@ -202,7 +202,7 @@ class Harness:
             self.git.commit_hand_edits([self._rel(path)])
             existing = md.exists()
             if existing:
-                meta, old_body = frontmatter.read(md, self._rel(md))  # broken: raise, never overwrite
+                meta, old_body = frontmatter.read(md, self._rel(md), root=self.root)  # broken: raise, never overwrite
             elif body is None:
                 raise PrimefsError(f"{kind} {name!r} does not exist yet; give its body")
             else:

@@ -7,6 +7,7 @@ missed while no runner ran are coalesced into one message.
 """
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import time
@@ -127,12 +128,27 @@ def load_all(session_dir: Path) -> list[dict]:
     out = []
     for p in sorted(folder(session_dir).glob("hb-*.yaml")):
         try:
-            hb = load_yaml(p, safe=True)
-            parse_schedule(hb["schedule"])
-            out.append(hb)
-        except (PrimefsError, KeyError, TypeError, OSError):
+            out.append(check(load_yaml(p, safe=True), p.name))
+        except PrimefsError:
             continue  # a broken heartbeat file never stops the others (and is listed by `heartbeat list`)
     return out
+
+
+def check(hb, where: str) -> dict:
+    """A heartbeat file's values, as the runner needs them."""
+    if not isinstance(hb, dict):
+        raise PrimefsError(f"{where}: not a mapping")
+    for key in ("id", "schedule", "prompt"):
+        if not isinstance(hb.get(key), str):
+            raise PrimefsError(f"{where}: {key} must be text")
+    for key in ("next_due",) + (("last_fired",) if hb.get("last_fired") is not None else ()):
+        v = hb.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise PrimefsError(f"{where}: {key} must be a time (seconds since 1970)")
+    if not isinstance(hb.get("paused", False), bool):
+        raise PrimefsError(f"{where}: paused must be true or false")
+    parse_schedule(hb["schedule"])
+    return hb
 
 
 def find(session_dir: Path, hb_id: str) -> dict:

@@ -31,13 +31,19 @@ class Intake:
             for path in goal_files(self.ws):
                 rel = path.relative_to(self.ws.root).as_posix()
                 if rel not in self.claimed:
-                    self._take_goal(path, rel)
+                    try:
+                        self._take_goal(path, rel)
+                    except Exception as exc:  # noqa: BLE001 - one goal file never stops the others
+                        self.log(f"goal error: {rel}: {type(exc).__name__}: {exc}")
 
     def _take_goal(self, path: Path, rel: str) -> None:
         try:
             goal = parse_goal(self.ws, path, self.conditions)
         except PrimefsError as exc:
-            mtime = path.stat().st_mtime if path.exists() else 0
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                mtime = 0
             if self.reported.get(rel) != mtime:
                 self.reported[rel] = mtime
                 self.log(f"goal error: {exc}")
@@ -49,7 +55,6 @@ class Intake:
             session = create_session(self.ws.sessions, task=goal.task, name=goal.name, model=goal.model,
                                      goal=rel, context=goal.context, extra=extra)
         except (OSError, ValueError) as exc:
-            self.reported[rel] = path.stat().st_mtime
             self.log(f"goal error: {rel}: cannot start a session: {exc}")
             return
         self.claimed.add(rel)
@@ -85,8 +90,8 @@ class Intake:
                 for hb, ticks in heartbeat.claim_due(s.dir):
                     self.post.deliver(sid, sender="heartbeat", kind="heartbeat", text=heartbeat.message_text(hb, ticks),
                                       extra={"heartbeat": hb["id"], "ticks": ticks})
-            except (OSError, PrimefsError) as exc:
-                self.log(f"warning: heartbeats of {sid}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a broken heartbeat file never stops the others
+                self.log(f"warning: heartbeats of {sid}: {type(exc).__name__}: {exc}")
 
     # -- hand edits of the harness ----------------------------------------------------------------
     def harness_touched(self) -> None:

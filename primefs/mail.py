@@ -101,14 +101,26 @@ def unacked(mail_dir: Path) -> list[Path]:
         return []
 
 
-def parse(path: Path, to: str = "") -> Message:
-    """A message file -> Message. Hand-written files without front matter count as user mail."""
+MAX_BYTES = 10_000_000  # a message is text for a model or for code; bigger data goes in files
+
+
+def parse(path: Path, to: str = "", root: Path | None = None) -> Message:
+    """A message file -> Message. Hand-written files without front matter count as user mail.
+    Anything wrong with the file (a folder, a link out of `root`, too big, bad YAML) is BadMessage."""
     try:
-        meta, body = frontmatter.read(path, safe=True)
+        return _parse(path, to, root)
+    except BadMessage:
+        raise
     except PrimefsError as exc:
         raise BadMessage(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - bad mail of any kind is moved aside, never a crash
+        raise BadMessage(f"{path.name}: {type(exc).__name__}: {exc}") from None
+
+
+def _parse(path: Path, to: str, root: Path | None) -> Message:
+    meta, body = frontmatter.read(path, path.name, safe=True, max_bytes=MAX_BYTES, root=root)
     mid = str(meta.get("id") or base_name(path).removesuffix(".md"))
-    if not NAME_RE.match(mid):
+    if not NAME_RE.fullmatch(mid) or ".." in mid:
         raise BadMessage(f"{path.name}: message id {mid!r} is not a safe name")
     kind = str(meta.get("kind") or "user")
     if kind not in KINDS:
@@ -118,10 +130,13 @@ def parse(path: Path, to: str = "") -> Message:
 
 
 def quarantine(path: Path, reason: str) -> Path:
-    """Move a bad message to mail/bad/ with a .reason file beside it: never lost, never retried."""
+    """Move a bad message to mail/bad/ with a .reason file beside it: never lost, never retried.
+    Raises OSError if it cannot be moved (the caller then leaves it alone)."""
     bad = path.parent.parent / "bad"
     bad.mkdir(exist_ok=True)
     target = bad / base_name(path)
+    if os.path.lexists(target):  # a second bad file of that name: keep both
+        target = bad / f"{base_name(path)}.{secrets.token_hex(3)}"
     os.rename(path, target)
     (bad / (target.name + ".reason")).write_text(reason + "\n", encoding="utf-8")
     return target

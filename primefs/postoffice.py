@@ -19,6 +19,7 @@ class PostOffice:
         self.tree, self.bell, self.log = tree, bell, log
         self.on_mail = on_mail  # new mail for a session: the scheduler may queue a turn
         self._results: dict[str, dict[str, list[mail.Message]]] = {}  # parent -> child -> result mail sent
+        self._stuck: set[Path] = set()  # bad mail that could not even be moved aside: skipped, said once
 
     def deliver(self, sid: str, *, sender: str, kind: str, text: str, extra: dict | None = None) -> mail.Message:
         msg = mail.deliver(self.tree.session(sid).mail, sender=sender, to=sid, kind=kind, text=text, extra=extra)
@@ -30,7 +31,8 @@ class PostOffice:
         return msg
 
     def has_new(self, sid: str) -> bool:
-        return bool(mail.new_files(self.tree.session(sid).mail))
+        """Unread mail that can be read (bad mail that could not be moved aside does not count)."""
+        return any(p not in self._stuck for p in mail.new_files(self.tree.session(sid).mail))
 
     # -- reading ----------------------------------------------------------------------------------
     def _claim_all(self, agent, limit: int | None = None) -> list[tuple[mail.Message, Path]]:
@@ -44,21 +46,36 @@ class PostOffice:
         for path in mail.unacked(s.mail) + mail.new_files(s.mail):
             if limit is not None and len(out) >= limit:
                 break
-            claimed = path if path.parent.name == "cur" else mail.claim(path)
+            if path in self._stuck:
+                continue
+            try:
+                claimed = path if path.parent.name == "cur" else mail.claim(path)
+            except OSError as exc:  # e.g. a folder in new/ that cannot be moved
+                self._set_aside(agent, path, f"cannot be claimed: {exc}")
+                continue
             if claimed is None:
                 continue
             try:
-                msg = mail.parse(claimed, to=s.id)
+                msg = mail.parse(claimed, to=s.id, root=self.tree.dir.parent)
             except mail.BadMessage as exc:
-                mail.quarantine(claimed, str(exc))
-                agent.record("bad_mail", file=claimed.name, error=str(exc))
-                self.log(f"warning: {s.id}: bad message moved to mail/bad/: {exc}")
+                self._set_aside(agent, claimed, str(exc))
                 continue
             if msg.id in agent.seen_ids:
                 mail.ack(claimed)
                 continue
             out.append((msg, claimed))
         return out
+
+    def _set_aside(self, agent, path: Path, reason: str) -> None:
+        """Bad mail goes to mail/bad/ with its reason, once; if even that fails it is skipped from now on."""
+        try:
+            mail.quarantine(path, reason)
+            where = "moved to mail/bad/"
+        except OSError as exc:
+            self._stuck.add(path)
+            where = f"left in place (could not be moved: {exc.strerror or exc})"
+        agent.record("bad_mail", file=path.name, error=reason)
+        self.log(f"warning: {agent.session.id}: bad message {where}: {reason}")
 
     @staticmethod
     def _record(agent, msg: mail.Message, claimed: Path, read_by: str | None) -> None:

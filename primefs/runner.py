@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from . import mail
@@ -88,10 +89,30 @@ class RunnerLock:
         self.file.close()
 
 
+class OnceLog:
+    """The runner's log. A warning or error said once is not said again (a bad file is reported once,
+    not at every rescan); other lines pass. Remembers the last 10,000 such messages."""
+
+    def __init__(self, log):
+        self.out = log
+        self.said: OrderedDict[str, None] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: str) -> None:
+        if msg.startswith(("warning:", "error", "goal error:")):
+            with self.lock:
+                if msg in self.said:
+                    return
+                self.said[msg] = None
+                if len(self.said) > 10_000:
+                    self.said.popitem(last=False)
+        self.out(msg)
+
+
 class Runner:
     def __init__(self, ws: Workspace, log=None):
         self.ws = ws
-        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.log = OnceLog(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
         self.limits = ws.limits()
         self.pm = plugin_manager(ws.root)
         conditions = end_conditions(self.pm)
@@ -142,8 +163,8 @@ class Runner:
             self.toolbox.start()
             self.turns.committer = Committer(self.ws.root)
             self.recover()
-            self.intake.tick_heartbeats()  # ticks missed while no runner ran: one coalesced message each
-            self.scan()
+            self.guarded("heartbeats", self.intake.tick_heartbeats)  # ticks missed meanwhile: one message each
+            self.guarded("scan", self.scan)
             if not once:
                 observer = self._watch()
             self._loop(once)
@@ -155,19 +176,26 @@ class Runner:
                 observer.stop()
             self._shutdown()
 
+    def guarded(self, what: str, fn, *args) -> None:
+        """Run one step of the loop (or a watchdog hint); a failure is logged once, never fatal."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - one bad file or session must not stop the runner
+            self.log(f"warning: {what}: {type(exc).__name__}: {exc}")
+
     def _loop(self, once: bool) -> None:
         last_scan = last_state = last_tick = time.monotonic()
         self.write_state()
         while True:
             now = time.monotonic()
             if now - last_scan > RESCAN_S:
-                self.scan()  # watchdog events are hints; the listing is the truth
+                self.guarded("scan", self.scan)  # watchdog events are hints; the listing is the truth
                 last_scan = now
             if now - last_state > STATE_S:
                 self.write_state()
                 last_state = now
             if not once and now - last_tick >= 0.25:  # the loop wakes often: rate-limit
-                self.intake.tick_heartbeats()
+                self.guarded("heartbeats", self.intake.tick_heartbeats)
                 last_tick = now
             with self.bell.cond:
                 self.scheduler.dispatch()
@@ -176,7 +204,7 @@ class Runner:
                 if not (once and self.scheduler.idle()):
                     self.bell.cond.wait(1.0)
                     continue
-            self.scan()  # one last look: files may have come from outside meanwhile
+            self.guarded("scan", self.scan)  # one last look: files may have come from outside meanwhile
             if self.scheduler.idle():
                 return
 
@@ -231,7 +259,7 @@ class Runner:
         class Hint(FileSystemEventHandler):
             def on_any_event(self, event):
                 path = getattr(event, "dest_path", "") or event.src_path
-                runner.hint(Path(os.fsdecode(path)))
+                runner.guarded("a file event", runner.hint, Path(os.fsdecode(path)))
 
         # Files appearing, renamed, closed after writing or removed: not opens, reads or appends (the
         # runner reads and appends all the time; those events would cost more than the work itself).

@@ -13,8 +13,8 @@ from .errors import PrimefsError
 from .frontmatter import dump_yaml, load_yaml
 from .fsutil import write_atomic
 from .history import History, read_events
+from .settings import STATUSES, check_session_meta
 
-STATUSES = ("pending", "running", "idle", "done", "failed", "stopped")
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
@@ -45,10 +45,9 @@ class Session:
         return self._meta
 
     def read_meta(self) -> dict:
-        data = load_yaml(self.dir / "session.yaml", safe=True)  # machine-written: the fast loader
-        if not isinstance(data, dict):
-            raise PrimefsError(f"{self.dir / 'session.yaml'}: not a mapping")
-        return data
+        label = f"sessions/{self.id}/session.yaml"
+        data = load_yaml(self.dir / "session.yaml", safe=True, label=label)  # machine-written: the fast loader
+        return check_session_meta(data, label)
 
     def _stat_key(self) -> tuple:
         st = os.stat(self.dir / "session.yaml")

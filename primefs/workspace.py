@@ -14,52 +14,10 @@ from pathlib import Path
 
 from .errors import PrimefsError
 from .frontmatter import load_yaml
+from .settings import DEFAULT_LIMITS, TOOL_MODES, check_config, check_limits
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CONFIG = "primefs.yaml"
-
-DEFAULT_LIMITS = {
-    "cell_timeout_s": 120,
-    "output_chars": 8000,
-    "max_steps_per_turn": 30,
-    "model_retries": 3,
-    "model_retry_backoff_s": 1.0,
-    "max_depth": 3,
-    "max_concurrent_sessions": 4,
-    "max_idle_kernels": 8,
-    "llm_batch_concurrency": 8,
-    "memory_prompt_chars": 4000,
-    "refine_events": 60,
-    "compact_at_tokens": 0,  # 0: 3/4 of the model's input window (when litellm knows it)
-    "tool_timeout_s": 60,  # a runner tool or MCP call (and an MCP server's start) taking longer fails
-    "snapshot": "turn",  # when a session's variables are saved: turn (at every turn end), idle, off
-    "snapshot_max_mb": 256,  # a snapshot larger than this leaves the rest of the variables out
-}
-CHOICES = {"snapshot": ("turn", "idle", "off")}
-# Limits of earlier versions, accepted and ignored: kernels are no longer pooled or handed on.
-RETIRED = {"kernel_pool", "reuse_kernels"}
-TOOL_MODES = ("native", "fenced")
-AT_LEAST_ONE = {"max_steps_per_turn", "max_concurrent_sessions", "llm_batch_concurrency"}
-POSITIVE = {"cell_timeout_s", "snapshot_max_mb", "tool_timeout_s"}
-
-
-def check_limits(limits: dict, where: str) -> None:
-    """Known keys, numbers; counts and timeouts that must be positive (0 would hang or stop everything)."""
-    for key, value in limits.items():
-        if key in RETIRED:
-            continue
-        if key in CHOICES:
-            if value not in CHOICES[key]:
-                raise PrimefsError(f"{where}: limit {key} must be one of {', '.join(CHOICES[key])}, not {value!r}")
-            continue
-        if key not in DEFAULT_LIMITS:
-            raise PrimefsError(f"{where}: unknown limit {key!r} (known: {', '.join(DEFAULT_LIMITS)})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise PrimefsError(f"{where}: limit {key} must be a non-negative number, not {value!r}")
-        if key in AT_LEAST_ONE and value < 1:
-            raise PrimefsError(f"{where}: limit {key} must be at least 1, not {value!r}")
-        if key in POSITIVE and value <= 0:
-            raise PrimefsError(f"{where}: limit {key} must be above 0, not {value!r}")
 
 
 def find_workspace(explicit: str | None = None) -> "Workspace":
@@ -134,16 +92,12 @@ class Workspace:
     # -- config -----------------------------------------------------------------------------------
     @cached_property
     def config(self) -> dict:
-        data = load_yaml(self.root / CONFIG) or {}
-        if not isinstance(data, dict):
-            raise PrimefsError(f"{self.root / CONFIG}: must be a YAML mapping")
-        return data
+        """primefs.yaml, checked whole (a bad file is one error naming the key and the allowed values)."""
+        return check_config(load_yaml(self.root / CONFIG, label=CONFIG) or {}, CONFIG) or {}
 
     def limits(self, overrides: dict | None = None) -> dict:
         limits = dict(DEFAULT_LIMITS)
-        configured = self.config.get("limits") or {}
-        check_limits(configured, CONFIG)
-        limits.update(configured)
+        limits.update(check_limits(self.config.get("limits") or {}, CONFIG))
         limits.update(overrides or {})
         return limits
 

@@ -94,10 +94,11 @@ def test_report_table_and_plots(both_run, tmp_path):
 
 
 def test_rerun_records_resolved_settings_without_secrets_and_says_what_differs(tmp_path):
-    (tmp_path / "script.yaml").write_text(SCRIPT)
     assert cli("init", "ws", cwd=tmp_path).returncode == 0
+    script = tmp_path / "ws" / "script.yaml"  # script files must be inside the workspace
+    script.write_text(SCRIPT)
     conf = (tmp_path / "ws" / "primefs.yaml").read_text().replace(
-        "models:\n", f"models:\n  s:\n    model: scripted/{tmp_path / 'script.yaml'}\n    temperature: 0.1\n"
+        "models:\n", f"models:\n  s:\n    model: scripted/{script}\n    temperature: 0.1\n"
                      "    api_key: sekrit-123\n    extra_headers: {Authorization: Bearer sekrit-456}\n", 1)
     (tmp_path / "ws" / "primefs.yaml").write_text(conf)
     r = cli("eval", "needle", "-w", "ws", "-m", "s", "-n", "1", "--out", "run", cwd=tmp_path)
@@ -105,7 +106,7 @@ def test_rerun_records_resolved_settings_without_secrets_and_says_what_differs(t
     recorded = (tmp_path / "run" / "config.yaml").read_text()
     assert "sekrit" not in recorded
     record = load_yaml(tmp_path / "run" / "config.yaml")
-    assert record["model_settings"] == {"model": f"scripted/{tmp_path / 'script.yaml'}", "temperature": 0.1,
+    assert record["model_settings"] == {"model": f"scripted/{script}", "temperature": 0.1,
                                         "extra_headers": {}, "tool_mode": "native"}
     assert "models.s.api_key" in record["removed_keys"] and record["resolved_models"]["local"]["model"] == "local"
     assert record["versions"]["primefs"] == "0.1.0" and record["versions"]["litellm"]
@@ -115,7 +116,7 @@ def test_rerun_records_resolved_settings_without_secrets_and_says_what_differs(t
     for line in ("versions: same", "settings: same", "items: same", "scores: same"):
         assert line in same.stdout
     (tmp_path / "ws" / "primefs.yaml").write_text(conf.replace("temperature: 0.1", "temperature: 0.5"))
-    (tmp_path / "script.yaml").write_text(SCRIPT.replace("9616116", "2222222"))
+    script.write_text(SCRIPT.replace("9616116", "2222222"))
     changed = cli("eval", "--rerun", "run", "--out", "changed", "--json", cwd=tmp_path)
     diff = json.loads(changed.stdout)["differences"]
     assert diff["settings"] == ["model.temperature: 0.1 -> 0.5", "models.s.temperature: 0.1 -> 0.5"]

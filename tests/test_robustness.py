@@ -74,8 +74,10 @@ def test_a_broken_session_file_is_skipped_not_fatal_and_its_goal_not_restarted(w
     assert len(list_sessions(ws.sessions)) == 2  # goal a was not started again
     r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), "status", "--json"],
                        capture_output=True, text=True)
-    assert r.returncode == 0 and [x["name"] for x in json.loads(r.stdout)] == ["b"]
-    assert "session skipped" in r.stderr and "Traceback" not in r.stderr
+    records = {x["id"]: x for x in json.loads(r.stdout)}
+    assert r.returncode == 0 and [x["name"] for x in records.values() if x["status"] != "broken"] == ["b"]
+    assert records[a.id]["status"] == "broken" and "bad YAML" in records[a.id]["error"]  # shown as broken
+    assert "session broken" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_stop_is_applied_under_run_once(ws):

@@ -13,6 +13,19 @@ from .base import ModelError, ModelReply, ToolCall
 from .script import estimate_tokens, fenced, load_script, next_reply, prompt_tokens
 
 
+def script_path(settings: dict) -> Path:
+    """The script file: relative to the workspace (wherever the runner was started), and inside it."""
+    root = Path(settings.get("workspace") or ".").resolve()
+    given = str(settings.get("script") or settings["model"].split("/", 1)[1])
+    try:
+        path = (root / given).resolve()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelError(f"script file {given!r} cannot be used: {exc}", retryable=False) from None
+    if not path.is_relative_to(root):
+        raise ModelError(f"script file {given} is outside the workspace {root}; copy it in", retryable=False)
+    return path
+
+
 class ScriptedProvider:
     name = "scripted"
 
@@ -41,10 +54,7 @@ class ScriptedProvider:
             return script
 
     def complete(self, messages, tools, settings) -> ModelReply:
-        path = Path(settings.get("script") or settings["model"].split("/", 1)[1])
-        if not path.is_absolute():  # relative to the workspace, wherever the runner was started
-            path = Path(settings.get("workspace") or ".") / path
-        reply = next_reply(self._script(path), messages)
+        reply = next_reply(self._script(script_path(settings)), messages)
         text, code = reply.get("text", "") or "", reply.get("code")
         calls = []
         if code is not None and tools:

@@ -1,0 +1,210 @@
+"""What settings may hold: limits, primefs.yaml, session.yaml, the sandbox. Every check names the file,
+the key and the allowed range; numbers must be finite (no NaN, no infinity) and within bounds."""
+from __future__ import annotations
+
+import math
+
+from .errors import PrimefsError
+
+ABOVE_ZERO = -0.0  # as a lowest bound: the value must be above 0 (a 0 timeout would hang or stop all)
+
+# key: (default, kind, lowest, highest). kind "int" takes whole numbers (5.0 too), "num" any number.
+LIMITS = {
+    "cell_timeout_s":          (120,  "num", ABOVE_ZERO, 7 * 86400),
+    "output_chars":            (8000, "int", 0, 10_000_000),
+    "max_steps_per_turn":      (30,   "int", 1, 100_000),
+    "model_retries":           (3,    "int", 0, 100),
+    "model_retry_backoff_s":   (1.0,  "num", 0, 3600),
+    "model_timeout_s":         (600,  "num", ABOVE_ZERO, 86400),
+    "stream_idle_timeout_s":   (120,  "num", ABOVE_ZERO, 86400),
+    "max_depth":               (3,    "int", 0, 100),
+    "max_concurrent_sessions": (4,    "int", 1, 1000),
+    "max_idle_kernels":        (8,    "int", 0, 10_000),
+    "llm_batch_concurrency":   (8,    "int", 1, 256),
+    "memory_prompt_chars":     (4000, "int", 0, 1_000_000),
+    "refine_events":           (60,   "int", 0, 100_000),
+    "compact_at_tokens":       (0,    "int", 0, 100_000_000),  # 0: 3/4 of the model's input window
+    "tool_timeout_s":          (60,   "num", ABOVE_ZERO, 86400),
+    "snapshot":                ("turn", ("turn", "idle", "off"), None, None),
+    "snapshot_max_mb":         (256,  "num", ABOVE_ZERO, 1_000_000),
+}
+DEFAULT_LIMITS = {k: v[0] for k, v in LIMITS.items()}
+CHOICES = {k: v[1] for k, v in LIMITS.items() if isinstance(v[1], tuple)}
+# Limits of earlier versions, accepted and ignored: kernels are no longer pooled or handed on.
+RETIRED = {"kernel_pool", "reuse_kernels"}
+TOOL_MODES = ("native", "fenced")
+STATUSES = ("pending", "running", "idle", "done", "failed", "stopped")
+
+
+def number(value, where: str, kind: str, low, high):
+    """A finite number of the kind, within [low, high] (low -0.0: above 0). Returns it (ints as int)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PrimefsError(f"{where} must be a finite number, not {value!r}")
+    if kind == "int":
+        if value != int(value):
+            raise PrimefsError(f"{where} must be a whole number, not {value!r}")
+        value = int(value)
+    positive = low == 0 and math.copysign(1, low) < 0
+    if (positive and value <= 0) or value < low or value > high:
+        shown = f"above 0 and at most {high:g}" if positive else f"between {low:g} and {high:g}"
+        raise PrimefsError(f"{where} must be {shown}, not {value!r}")
+    return value
+
+
+def check_limits(limits, where: str) -> dict:
+    """Known keys, finite numbers in range (or one of the choices). Returns the checked values."""
+    if not isinstance(limits, dict):
+        raise PrimefsError(f"{where}: `limits:` must be a mapping of limit: value, not {type(limits).__name__}")
+    out = {}
+    for key, value in limits.items():
+        if key in RETIRED:
+            continue
+        if key not in LIMITS:
+            raise PrimefsError(f"{where}: unknown limit {key!r} (known: {', '.join(LIMITS)})")
+        _, kind, low, high = LIMITS[key]
+        if isinstance(kind, tuple):
+            if value not in kind:
+                raise PrimefsError(f"{where}: limit {key} must be one of {', '.join(kind)}, not {value!r}")
+            out[key] = value
+        else:
+            out[key] = number(value, f"{where}: limit {key}", kind, low, high)
+    return out
+
+
+def _text(value, where: str, limit: int = 4096) -> str:
+    if not isinstance(value, str) or "\0" in value or len(value) > limit:
+        raise PrimefsError(f"{where} must be text (at most {limit} characters, no NUL), not {_short(value)}")
+    return value
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- primefs.yaml ---------------------------------------------------------------------------------
+def check_config(data, where: str = "primefs.yaml") -> dict:
+    """The whole primefs.yaml: a mapping; model, models, limits, mcp_servers and sandbox well formed."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PrimefsError(f"{where}: must be a YAML mapping (key: value lines)")
+    if data.get("model") is not None:
+        _text(data["model"], f"{where}: model", 256)
+    models = data.get("models")
+    if models is not None:
+        if not isinstance(models, dict):
+            raise PrimefsError(f"{where}: `models:` must be a mapping of alias: settings")
+        for alias, settings in models.items():
+            check_alias(alias, settings, where)
+    if data.get("limits") is not None:
+        check_limits(data["limits"], where)
+    if data.get("sandbox") is not None:
+        check_sandbox(data["sandbox"], where)
+    if data.get("mcp_servers") is not None:
+        from .mcptools import check_servers
+
+        check_servers(data["mcp_servers"])
+    return data
+
+
+def check_alias(alias, settings, where: str) -> None:
+    at = f"{where}: models.{alias}"
+    _text(alias, f"{where}: a model alias name", 128)
+    if settings is None:
+        settings = {}
+    if not isinstance(settings, dict):
+        raise PrimefsError(f"{at} must be a mapping (model: ..., tool_mode: ...)")
+    for key in ("model", "api_key_env", "provider", "script", "api_base", "api_key"):
+        if settings.get(key) is not None:
+            _text(settings[key], f"{at}.{key}")
+    if settings.get("tool_mode") is not None and settings["tool_mode"] not in TOOL_MODES:
+        raise PrimefsError(f"{at}.tool_mode must be native or fenced, not {_short(settings['tool_mode'])}")
+    if settings.get("stream") is not None and not isinstance(settings["stream"], bool):
+        raise PrimefsError(f"{at}.stream must be true or false")
+    if settings.get("context_window") is not None:
+        number(settings["context_window"], f"{at}.context_window", "int", 1, 100_000_000)
+    for key, value in settings.items():  # the rest goes to litellm: plain values only
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PrimefsError(f"{at}.{key} must be a finite number, not {value!r}")
+
+
+# -- the sandbox ----------------------------------------------------------------------------------
+SANDBOX = {  # key: (default, kind, lowest, highest)
+    "network":    (False, "bool", None, None),
+    "memory_mb":  (4096, "int", 64, 1_000_000),
+    "cpu_s":      (3600, "int", 1, 30 * 86400),
+    "processes":  (256, "int", 1, 100_000),
+    "open_files": (1024, "int", 16, 1_000_000),
+}
+
+
+def check_sandbox(value, where: str) -> dict | None:
+    """`sandbox:` (primefs.yaml or a goal): true/false, or a mapping of the keys above (enabled:
+    true implied). Returns the full settings, or None for no sandbox."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise PrimefsError(f"{where}: `sandbox:` is true, false, or a mapping of {', '.join(SANDBOX)}")
+    if value.get("enabled") is False:
+        return None
+    out = {k: v[0] for k, v in SANDBOX.items()}
+    for key, v in value.items():
+        if key == "enabled":
+            if not isinstance(v, bool):
+                raise PrimefsError(f"{where}: sandbox.enabled must be true or false")
+            continue
+        if key not in SANDBOX:
+            raise PrimefsError(f"{where}: unknown sandbox key {key!r} (known: enabled, {', '.join(SANDBOX)})")
+        _, kind, low, high = SANDBOX[key]
+        if kind == "bool":
+            if not isinstance(v, bool):
+                raise PrimefsError(f"{where}: sandbox.{key} must be true or false, not {_short(v)}")
+            out[key] = v
+        else:
+            out[key] = number(v, f"{where}: sandbox.{key}", kind, low, high)
+    return out
+
+
+# -- session.yaml ---------------------------------------------------------------------------------
+def check_session_meta(data, where: str) -> dict:
+    """A session.yaml as the runner needs it. Unknown keys are kept (people and tools may add some)."""
+    if not isinstance(data, dict):
+        raise PrimefsError(f"{where}: not a mapping")
+    for key in ("id", "name", "model"):
+        _text(data.get(key), f"{where}: {key}", 256)
+    if data.get("status", "pending") not in STATUSES:
+        raise PrimefsError(f"{where}: status must be one of {', '.join(STATUSES)}, not {_short(data.get('status'))}")
+    for key in ("parent", "goal", "context_data", "agent", "stop_reason", "created", "updated"):
+        if data.get(key) is not None:
+            _text(data[key], f"{where}: {key}")
+    if data.get("error") is not None:
+        _text(data["error"], f"{where}: error", 100_000)
+    if data.get("depth") is not None:
+        number(data["depth"], f"{where}: depth", "int", 0, 10_000)
+    if data.get("started_ts") is not None:
+        number(data["started_ts"], f"{where}: started_ts", "num", 0, 1e11)
+    context = data.get("context")
+    if context is not None and (not isinstance(context, list) or not all(isinstance(c, str) for c in context)):
+        raise PrimefsError(f"{where}: context must be a list of file paths")
+    if data.get("limits") is not None:
+        check_limits(data["limits"], where)
+    if data.get("autonomous") is not None and not isinstance(data["autonomous"], bool):
+        raise PrimefsError(f"{where}: autonomous must be true or false")
+    if data.get("budget") is not None:
+        from .goalctl import check_budget
+
+        check_budget(data["budget"], where)
+    if data.get("end_conditions") is not None:
+        from .goalctl import check_end_conditions
+
+        check_end_conditions(data["end_conditions"], where)
+    if data.get("tools") is not None:
+        from .tools import check_selection
+
+        check_selection(data["tools"], where)
+    if data.get("sandbox") is not None and not isinstance(data["sandbox"], (bool, dict)):
+        raise PrimefsError(f"{where}: sandbox must be true, false or a mapping")
+    return data
