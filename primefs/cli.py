@@ -205,6 +205,7 @@ from .cli_eval import eval_cmd  # noqa: E402
 from .cli_views import log, status, usage  # noqa: E402
 from .cli_harness import harness_group, refine_cmd  # noqa: E402
 from .cli_heartbeat import heartbeat_group  # noqa: E402
+from .cli_trace import trace_cmd  # noqa: E402
 
 main.add_command(status)
 main.add_command(log)
@@ -213,6 +214,7 @@ main.add_command(harness_group)
 main.add_command(refine_cmd)
 main.add_command(eval_cmd)
 main.add_command(heartbeat_group)
+main.add_command(trace_cmd)
 
 from .daemon import up, down, runner_cmd  # noqa: E402
 from .live import attach, agents, follow_log  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from . import mail
+from . import mail, tracing
 from .bell import Bell, Stopping
 from .errors import PrimefsError
 from .fsutil import check_name
@@ -109,6 +109,7 @@ class KernelServices:
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
                                extra=extra, files=_context_files(context))
         agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)
+        tracing.spawned(parent.id, child.id)
         self.intake.adopt(child)
         return {"id": child.id, "name": name}
 
