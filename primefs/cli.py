@@ -206,6 +206,7 @@ from .cli_views import log, status, usage  # noqa: E402
 from .cli_harness import harness_group, refine_cmd  # noqa: E402
 from .cli_heartbeat import heartbeat_group  # noqa: E402
 from .cli_trace import trace_cmd  # noqa: E402
+from .cli_web import serve  # noqa: E402
 
 main.add_command(status)
 main.add_command(log)
@@ -215,6 +216,7 @@ main.add_command(refine_cmd)
 main.add_command(eval_cmd)
 main.add_command(heartbeat_group)
 main.add_command(trace_cmd)
+main.add_command(serve)
 
 from .daemon import up, down, runner_cmd  # noqa: E402
 from .live import attach, agents, follow_log  # noqa: E402
