@@ -5,6 +5,7 @@ import errno
 import ipaddress
 import secrets
 import socket
+import threading
 from pathlib import Path
 
 import click
@@ -79,6 +80,8 @@ def serve(ctx, host, port, allow_remote, eval_dirs):
     token = secrets.token_urlsafe(24)
     app = make_app(ws, token, port=port, allowed_hosts=None if allow_remote else loopback_hosts(host, port),
                    eval_roots=roots)
+    # read the workspace now, while the URL is being opened: a big one takes seconds the first time
+    threading.Thread(target=app.state.pf.index.refresh, kwargs={"force": True}, daemon=True).start()
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"primefs web view of {ws.root}: http://{shown}:{port}/?token={token}", nl=True)
     click.echo("Ctrl-C stops", err=True)

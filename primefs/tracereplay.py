@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from . import tracing
 from .history import iter_events
-from .session import Session, list_sessions, subtree
+from .session import Session, list_sessions
 
 NS = 1_000_000_000
 LLM_PURPOSES = ("llm", "llm_batch")  # calls made by code in a cell: under that cell
@@ -57,9 +57,14 @@ def session_tree(ws, root: str) -> list[Session]:
             children.setdefault(s.meta.get("parent"), []).append(s.id)
         except Exception:  # a broken session.yaml: not part of any tree we can replay
             continue
-    for ids in children.values():
-        ids.sort()
-    order = subtree({k: list(reversed(v)) for k, v in children.items()}, root)
+    order, stack, seen = [], [root], set()
+    while stack:  # depth first, children in creation order; a hand-made cycle is cut
+        sid = stack.pop()
+        if sid in seen:
+            continue
+        seen.add(sid)
+        order.append(sid)
+        stack.extend(sorted(children.get(sid, []), reverse=True))
     return [Session(ws.sessions / sid) for sid in order]
 
 

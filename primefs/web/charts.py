@@ -28,7 +28,7 @@ def nice_ticks(hi: float, n: int = 4) -> list[float]:
 
 def fmt_number(v: float, unit: str = "") -> str:
     if unit == "$":
-        return f"${v:.4f}".rstrip("0").rstrip(".") if v < 1 else f"${v:,.2f}"
+        return f"${v:.6g}" if v < 1 else f"${v:,.2f}"
     for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(v) >= size:
             return f"{v / size:.3g}{suffix}"
@@ -36,7 +36,8 @@ def fmt_number(v: float, unit: str = "") -> str:
 
 
 def _time_label(ts: float, span: float) -> str:
-    return time.strftime("%H:%M:%S" if span < 600 else "%H:%M" if span < 86400 else "%m-%d %H:%M", time.localtime(ts))
+    label = time.strftime("%H:%M:%S" if span < 600 else "%H:%M" if span < 86400 else "%m-%d %H:%M", time.localtime(ts))
+    return label + f".{int(ts * 10) % 10}" if span < 20 else label  # short runs: tenths, or ticks repeat
 
 
 def _frame(title: str, y_ticks: list[float], y_unit: str, sy) -> list[str]:
@@ -93,9 +94,8 @@ def line_chart(series: list[tuple[str, list[tuple[float, float]]]], title: str, 
     return Markup("".join(out) + f'<ul class="legend">{legend}</ul>')
 
 
-def scatter_chart(points: list[tuple[float, float, str]], title: str, x_label: str, y_label: str,
-                  x_unit: str = "") -> Markup:
-    """Labelled points: [(x, y, label), ...], y from 0 to at least 1 (scores)."""
+def scatter_chart(points: list[tuple[float, float, str]], title: str, x_label: str, x_unit: str = "") -> Markup:
+    """Labelled points: [(x, y, label), ...], y from 0 to at least 1 (scores; the caption names y)."""
     if not points:
         return Markup(f'<p class="empty">{escape(title)}: no runs yet</p>')
     x_ticks = nice_ticks(max(p[0] for p in points))
@@ -109,15 +109,17 @@ def scatter_chart(points: list[tuple[float, float, str]], title: str, x_label: s
         return H - PAD_B - y / y_hi * (H - PAD_T - PAD_B)
 
     out = _frame(title, y_ticks, "", sy)
-    for v in x_ticks:
-        out.append(f'<text class="tick" x="{sx(v):.1f}" y="{H - PAD_B + 16}" text-anchor="middle">'
+    for j, v in enumerate(x_ticks):
+        anchor = "end" if j == len(x_ticks) - 1 else "middle"
+        out.append(f'<text class="tick" x="{sx(v):.1f}" y="{H - PAD_B + 16}" text-anchor="{anchor}">'
                    f"{escape(fmt_number(v, x_unit))}</text>")
     out.append(f'<text class="axis" x="{W - PAD_R}" y="{H - 2}" text-anchor="end">{escape(x_label)}</text>')
-    out.append(f'<text class="axis" x="4" y="{PAD_T - 2}">{escape(y_label)}</text>')
     for i, (x, y, label) in enumerate(points):
         out.append(f'<circle class="dot s{i % COLORS}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="5">'
                    f"<title>{escape(label)}: {y:.3f} at {escape(fmt_number(x, x_unit))}</title></circle>")
-        out.append(f'<text class="label" x="{sx(x) + 7:.1f}" y="{sy(y) - 6:.1f}">{escape(label[:40])}</text>')
+        right = sx(x) > W * 0.7  # labels of points on the right go to their left, inside the frame
+        out.append(f'<text class="label" x="{sx(x) + (-7 if right else 7):.1f}" y="{sy(y) - 6:.1f}" '
+                   f'text-anchor="{"end" if right else "start"}">{escape(label[:40])}</text>')
     out.append("</svg>")
     return Markup("".join(out))
 

@@ -210,7 +210,7 @@ class WorkspaceIndex:
             p = self.tracks[sid].points
             points.extend((p[i], p[i + col]) for i in range(0, len(p), 3))
         points.sort()
-        out, total = [], 0.0
+        out, total = [(points[0][0], 0.0)] if points else [], 0.0  # from zero, at the first call
         for ts, v in points:
             total += v
             out.append((ts, total))

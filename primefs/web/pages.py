@@ -137,7 +137,7 @@ def evals_page(state) -> dict:
     points = [(m[key], m["mean_score"], f"{r['name']}" + (f" ({m['mode']})" if m["mode"] else ""))
               for r in runs for m in r["modes"]]
     return {"runs": runs, "roots": [str(p) for p in state.eval_roots], "x_label": label,
-            "chart": charts.scatter_chart(points, "mean score against " + label, label, "mean score", unit)}
+            "chart": charts.scatter_chart(points, "mean score against " + label, label, unit)}
 
 
 def eval_run_page(state, root: int, rel: str) -> dict | None:
