@@ -10,16 +10,17 @@ goal still running while the pictures are taken. Then `primefs serve` and Chromi
 """
 from __future__ import annotations
 
-import contextlib
+import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 from common import configure_model, scripted_workspace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+os.environ.setdefault("PRIMEFS_TEST_PLUGINS", "1")  # the eval runs need the benchmark plugins
 from browser import chromium, served  # noqa: E402
+from conftest import BackgroundRunner, run_once, wait_for  # noqa: E402
 from openai_server import ScriptServer  # noqa: E402
 from ruamel.yaml import YAML  # noqa: E402
 
@@ -27,7 +28,6 @@ from primefs.evaluate import load_config, run_eval  # noqa: E402
 from primefs.goals import write_goal  # noqa: E402
 from primefs.harness import Harness  # noqa: E402
 from primefs.mail import deliver  # noqa: E402
-from primefs.runner import Runner  # noqa: E402
 from primefs.session import list_sessions  # noqa: E402
 
 SCRIPT = """\
@@ -54,32 +54,6 @@ default:
   - text: "17 * 23 = 391"
   - text: "Doubled: 782"
 """
-
-
-def run_once(ws) -> None:
-    Runner(ws, log=lambda m: None).run(once=True)
-
-
-@contextlib.contextmanager
-def background_runner(ws):
-    runner = Runner(ws, log=lambda m: None)
-    thread = threading.Thread(target=runner.run, daemon=True)
-    thread.start()
-    try:
-        yield runner
-    finally:
-        runner.stop()
-        thread.join(30)
-
-
-def wait_for(pred, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise SystemExit("timed out")
 
 
 def build(srv):
@@ -115,7 +89,7 @@ def main(out: Path) -> None:
     ws = build(srv)
     out.mkdir(parents=True, exist_ok=True)
     fan = next(s for s in list_sessions(ws.sessions) if s.name == "fan-out")
-    with served(ws.root) as url, chromium() as browser, background_runner(ws):
+    with served(ws.root) as url, chromium() as browser, BackgroundRunner(ws):
         write_goal(ws, "Watch the clock for a while", name="watcher")
         watcher = wait_for(lambda: next((s for s in list_sessions(ws.sessions) if s.name == "watcher"), None))
         wait_for(lambda: watcher.events("cell") or watcher.events("assistant"))

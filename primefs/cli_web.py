@@ -96,6 +96,8 @@ def serve(ctx, host, port, allow_remote, eval_dirs):
                             lifespan="off")
     try:
         Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once it has stopped: a normal end
+        pass
     finally:
         stopping.set()
         sock.close()

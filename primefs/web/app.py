@@ -225,13 +225,13 @@ def session_events(request: Request):
     def step():
         out = []
         events = reader.read()
+        version = state.index.refresh(force=bool(events))  # names of children just spawned, for links
         if events:
             skipped = len(events) - MAX_BATCH
             html = state.renderer.events(events[-MAX_BATCH:], state.index.names)
             if skipped > 0:
                 html = f'<p class="flash note">{skipped} events not shown: reload for the full page</p>' + html
             out.append(_patch("events", str(html), "append", reader.pos))
-        version = state.index.refresh(force=bool(events))
         if version != last["version"]:
             last["version"] = version
             html = state.renderer.page("_session_head.html", **pages.session_head(state, sid))

@@ -84,7 +84,8 @@ class WorkspaceIndex:
         self.total: dict = {"sessions": 0, "calls": 0, "tokens": 0, "cost_usd": 0.0, "cost_unknown_calls": 0}
         self.version = 0  # bumped whenever anything shown changed
         self.runner: dict = {"running": False, "state": None}
-        self._lock = threading.Lock()
+        # held while reading what refresh() changes in place; pages hold it too while they gather a view
+        self.lock = threading.RLock()
         self._last = 0.0
         self._took = 0.0
         self._tree_cache: dict[str, dict] = {}
@@ -92,7 +93,7 @@ class WorkspaceIndex:
     # -- reading ----------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> int:
         """Read what changed (unless a refresh just ran); returns the version."""
-        with self._lock:
+        with self.lock:
             now = time.monotonic()
             if not force and now - self._last < max(0.25, 4 * self._took):
                 return self.version

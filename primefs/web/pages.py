@@ -36,20 +36,23 @@ def tree_page(state, page: int) -> dict:
 def tree_parts(state, page: int) -> dict:
     """The live parts of the tree page: summary line and rows."""
     index = state.index
-    ids = index.order[(page - 1) * PER_PAGE: page * PER_PAGE]
-    return {"rows": [index.row(sid) for sid in ids], "runner": index.runner, "total": index.total,
-            "problems": sorted(index.problems.items())[:50]}
+    with index.lock:
+        ids = index.order[(page - 1) * PER_PAGE: page * PER_PAGE]
+        return {"rows": [index.row(sid) for sid in ids], "runner": index.runner, "total": index.total,
+                "problems": sorted(index.problems.items())[:50]}
 
 
 def session_head(state, sid: str) -> dict:
     index = state.index
     s = Session(state.ws.sessions / sid)
-    known = sid in index.meta
-    kids = sorted(index.children.get(sid, []))[:200] if known else []
-    return {"sid": sid, "name": index.names.get(sid, sid), "meta": index.meta.get(sid, {}),
-            "problem": index.problems.get(sid), "row": index.row(sid) if known else None, "names": index.names,
-            "children": [{"id": c, "name": index.names.get(c, c), "status": index.meta[c].get("status")} for c in kids],
-            "result": s.read_result(), "pending": len(new_files(s.mail))}
+    with index.lock:
+        known = sid in index.meta
+        kids = sorted(index.children.get(sid, []))[:200] if known else []
+        head = {"sid": sid, "name": index.names.get(sid, sid), "meta": index.meta.get(sid, {}),
+                "problem": index.problems.get(sid), "row": index.row(sid) if known else None, "names": index.names,
+                "children": [{"id": c, "name": index.names.get(c, c), "status": index.meta[c].get("status")}
+                             for c in kids]}
+    return {**head, "result": s.read_result(), "pending": len(new_files(s.mail))}
 
 
 def session_page(state, sid: str, before: int | None) -> dict | None:
@@ -70,6 +73,11 @@ def _series(index, groups: list[tuple[str, list[str]]], what: str) -> list:
 def usage_page(state, focus: str | None) -> dict | None:
     index = state.index
     index.refresh(force=True)
+    with index.lock:
+        return _usage(index, focus)
+
+
+def _usage(index, focus: str | None) -> dict | None:
     if focus is not None:
         if focus not in index.meta:
             return None

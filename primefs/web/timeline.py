@@ -10,25 +10,19 @@ import json
 import os
 from pathlib import Path
 
+from ..live import line_start
+
 BLOCK = 65536
 
 
 def line_end(path: Path, size: int | None = None) -> int:
     """Offset just past the last complete line at or before `size` (default: the file's end)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END) if size is None else size
-            pos = size
-            while pos > 0:
-                start = max(0, pos - BLOCK)
-                f.seek(start)
-                i = f.read(pos - start).rfind(b"\n")
-                if i >= 0:
-                    return start + i + 1
-                pos = start
-    except FileNotFoundError:
-        pass
-    return 0
+    if size is None:
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return 0
+    return line_start(path, size)
 
 
 def tail_events(path: Path, limit: int, before: int | None = None) -> tuple[list[dict], int, int]:
