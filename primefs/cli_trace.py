@@ -80,7 +80,7 @@ def trace_cmd(ctx, session, as_json):
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
             provider = tracing.make_provider()
-            exporters = [_Counting(tracing._exporter(n)) for n in names]
+            exporters = [_Counting(tracing.exporter(n)) for n in names]
             for exp in exporters:
                 provider.add_span_processor(BatchSpanProcessor(exp))
     except ImportError:

@@ -59,13 +59,14 @@ def make_provider(exporters: list[str] | None = None, *, span_exporter=None, bat
     if span_exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     for name in exporters or ():
-        exp = _exporter(name)
+        exp = exporter(name)
         # console: print each span as it ends; otlp: batch in the background (OTEL_BSP_* apply)
         provider.add_span_processor(BatchSpanProcessor(exp) if batch and name == "otlp" else SimpleSpanProcessor(exp))
     return provider
 
 
-def _exporter(name: str):
+def exporter(name: str):
+    """One span exporter by its OTEL_TRACES_EXPORTER name, configured by its own OTEL_* variables."""
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -326,9 +327,3 @@ def spawned(parent: str, child: str) -> None:
     if span is not None:
         with _lock:
             _spawned[child] = span.get_span_context()
-
-
-def flush(timeout_ms: int = 5000) -> None:
-    provider = _state.get("provider")
-    if provider is not None:
-        provider.force_flush(timeout_ms)
