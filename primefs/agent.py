@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 
+from . import tracing
 from .bell import Bell
 from .compaction import maybe_compact
 from .conversation import code_of_call, fenced_code, rebuild, to_messages
@@ -200,12 +201,14 @@ class Agent:
             if error:
                 self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}")
                 continue
-            # the cell's requests (wait, recv) are void from the moment it is interrupted
-            res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]), on_timeout=self.cell_ended)
-            self.cell_ended()
-            self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
-                        error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
-                        restarted=res.restarted, elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
+            with tracing.cell(self.session, call_id) as span:
+                # the cell's requests (wait, recv) are void from the moment it is interrupted
+                res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]), on_timeout=self.cell_ended)
+                self.cell_ended()
+                self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
+                            error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
+                            restarted=res.restarted, elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
+                span.cell_ran(res)
         if self.done_answer is not None:
             return self.finish(self.done_answer, "done")
         if self.stop_requested:

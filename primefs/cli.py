@@ -93,7 +93,7 @@ def init(directory, source):
 def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions, heartbeat, heartbeat_prompt,
          tool_names):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
-    from .goalctl import BUDGET_KEYS, check_budget
+    from .settings import BUDGET_KEYS, check_budget
 
     ws = workspace(ctx)
     if text == "-":
@@ -106,7 +106,7 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
     if budgets:
         extra["budget"] = check_budget(_pairs(budgets, "--budget", BUDGET_KEYS, number=True), "--budget")
     if conditions:
-        from .goalctl import check_end_conditions
+        from .settings import check_end_conditions
         from .plugins import end_conditions, plugin_manager
 
         pairs = [c.partition("=") for c in conditions]
@@ -214,6 +214,8 @@ from .cli_tools import tools_cmd  # noqa: E402
 from .cli_views import log, status, usage  # noqa: E402
 from .cli_harness import harness_group, refine_cmd  # noqa: E402
 from .cli_heartbeat import heartbeat_group  # noqa: E402
+from .cli_trace import trace_cmd  # noqa: E402
+from .cli_web import serve  # noqa: E402
 
 main.add_command(status)
 main.add_command(log)
@@ -223,6 +225,8 @@ main.add_command(harness_group)
 main.add_command(refine_cmd)
 main.add_command(eval_cmd)
 main.add_command(heartbeat_group)
+main.add_command(trace_cmd)
+main.add_command(serve)
 
 from .daemon import up, down, runner_cmd  # noqa: E402
 from .live import attach, agents, follow_log  # noqa: E402

@@ -19,13 +19,12 @@ from .accounting import UsageIndex
 from .errors import PrimefsError
 from .frontmatter import dump_yaml, load_yaml
 from .gitops import git
-from .goalctl import check_budget, check_end_conditions
+from .settings import check_budget, check_end_conditions, check_limits
 from .evaldirect import run_direct
 from .evalitems import FileBenchmark, bench_items, context_chars, find_benchmark, item_sha, plugin_source
 from .evalrecord import differences, is_local, models_record, package_versions, read_run, scrub
 from .plugins import end_conditions, plugin_manager
 from .session import create_session
-from .settings import check_limits
 from .workspace import Workspace, init_workspace
 
 CONFIG_KEYS = {"benchmark", "n", "seed", "model", "models", "limits", "budget", "end_conditions", "autonomous",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from . import tracing
 from .bell import Bell
 from .goalctl import GoalControl, SessionStopping
 from .plugins import provider_for
@@ -31,7 +32,9 @@ class ModelGateway:
         for attempt in range(retries + 1):
             started = time.monotonic()
             try:
-                reply = provider.complete(messages, tools, settings)
+                with tracing.model_call(agent.session, settings["model"], purpose, attempt + 1) as span:
+                    reply = provider.complete(messages, tools, settings)
+                    span.usage(reply)
             except ModelError as exc:
                 last = attempt == retries or not exc.retryable
                 wait = 0 if last else backoff * (2 ** attempt)

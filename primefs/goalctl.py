@@ -9,21 +9,15 @@ in the tree. A stop for a limit never reports success: the status is `stopped`, 
 """
 from __future__ import annotations
 
-import time
-import math
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 from .accounting import own_usage
 from .bell import Bell
-from .errors import PrimefsError
+from .settings import BUDGET_KEYS
 from .tree import SessionTree
-
-
-BUDGET_KEYS = {"turns": "budget:turns", "tokens": "budget:tokens", "seconds": "budget:seconds",
-               "cost_usd": "budget:cost"}
-BUDGET_MAX = {"turns": 1e7, "tokens": 1e13, "seconds": 1e9, "cost_usd": 1e9}
 
 
 class SessionStopping(Exception):
@@ -34,36 +28,6 @@ class BudgetExhausted(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
-
-
-def check_budget(value, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise PrimefsError(f"{where}: `budget:` must be a mapping of {', '.join(BUDGET_KEYS)}")
-    out = {}
-    for key, limit in value.items():
-        if key not in BUDGET_KEYS:
-            raise PrimefsError(f"{where}: unknown budget {key!r} (known: {', '.join(BUDGET_KEYS)})")
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
-            raise PrimefsError(f"{where}: budget {key} must be a positive number, not {limit!r}")
-        if limit > BUDGET_MAX[key]:
-            raise PrimefsError(f"{where}: budget {key} must be at most {BUDGET_MAX[key]:g}, not {limit!r}")
-        out[str(key)] = limit
-    return out
-
-
-def check_end_conditions(value, where: str, known: dict | None = None) -> list[dict]:
-    if not isinstance(value, list):
-        raise PrimefsError(f"{where}: `end_conditions:` must be a list like [{{command: \"pytest -q\"}}]")
-    out = []
-    for item in value:
-        if not isinstance(item, dict) or len(item) != 1:
-            raise PrimefsError(f"{where}: each end condition is a map with one key, its name "
-                               f"(e.g. {{file_exists: report.md}}), not {item!r}")
-        (name, arg), = item.items()
-        if known is not None and name not in known:
-            raise PrimefsError(f"{where}: unknown end condition {name!r} (known: {', '.join(sorted(known))})")
-        out.append({str(name): arg})
-    return out
 
 
 class GoalControl:

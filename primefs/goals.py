@@ -9,10 +9,9 @@ from pathlib import Path
 from . import frontmatter
 from .errors import PrimefsError
 from .fsutil import check_name, write_new
-from .goalctl import check_budget, check_end_conditions
 from .heartbeat import from_spec
 from .tools import check_selection
-from .settings import check_limits, check_sandbox
+from .settings import check_budget, check_end_conditions, check_limits, check_sandbox
 from .workspace import Workspace
 
 GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",

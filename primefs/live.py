@@ -31,6 +31,25 @@ from .session import Session, find_session, list_sessions, session_names
 POLL_S = 0.2
 
 
+def line_start(path: Path, size: int) -> int:
+    """Offset just past the last newline at or before `size` (0 if none)."""
+    if size == 0:
+        return 0
+    try:
+        with open(path, "rb") as f:
+            pos = size
+            while pos > 0:
+                start = max(0, pos - 65536)
+                f.seek(start)
+                i = f.read(pos - start).rfind(b"\n")
+                if i >= 0:
+                    return start + i + 1
+                pos = start
+    except FileNotFoundError:
+        pass
+    return 0
+
+
 class HistoryReader:
     """Incremental reader of one history.jsonl: each `read()` returns the complete events appended since."""
 
@@ -71,22 +90,7 @@ class HistoryReader:
         return events
 
     def _line_start(self, size: int) -> int:
-        """Offset just past the last newline at or before `size` (0 if none)."""
-        if size == 0:
-            return 0
-        try:
-            with open(self.path, "rb") as f:
-                pos = size
-                while pos > 0:
-                    start = max(0, pos - 65536)
-                    f.seek(start)
-                    i = f.read(pos - start).rfind(b"\n")
-                    if i >= 0:
-                        return start + i + 1
-                    pos = start
-        except FileNotFoundError:
-            pass
-        return 0
+        return line_start(self.path, size)
 
     def seek_end(self) -> None:
         """Skip what is there now (a torn last line is kept, to be read when complete)."""

@@ -10,7 +10,7 @@ import inspect
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from . import mail
+from . import mail, tracing
 from .bell import Bell, Stopping
 from .errors import PrimefsError
 from .fsutil import check_name
@@ -120,6 +120,7 @@ class KernelServices:
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
                                extra=extra, files=_context_files(context))
         agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)
+        tracing.spawned(parent.id, child.id)
         self.intake.adopt(child)
         return {"id": child.id, "name": name}
 

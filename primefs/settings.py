@@ -168,6 +168,42 @@ def check_sandbox(value, where: str) -> dict | None:
     return out
 
 
+# -- goals: budgets and end conditions ------------------------------------------------------------
+BUDGET_KEYS = {"turns": "budget:turns", "tokens": "budget:tokens", "seconds": "budget:seconds",
+               "cost_usd": "budget:cost"}
+BUDGET_MAX = {"turns": 1e7, "tokens": 1e13, "seconds": 1e9, "cost_usd": 1e9}
+
+
+def check_budget(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise PrimefsError(f"{where}: `budget:` must be a mapping of {', '.join(BUDGET_KEYS)}")
+    out = {}
+    for key, limit in value.items():
+        if key not in BUDGET_KEYS:
+            raise PrimefsError(f"{where}: unknown budget {key!r} (known: {', '.join(BUDGET_KEYS)})")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+            raise PrimefsError(f"{where}: budget {key} must be a positive number, not {limit!r}")
+        if limit > BUDGET_MAX[key]:
+            raise PrimefsError(f"{where}: budget {key} must be at most {BUDGET_MAX[key]:g}, not {limit!r}")
+        out[str(key)] = limit
+    return out
+
+
+def check_end_conditions(value, where: str, known: dict | None = None) -> list[dict]:
+    if not isinstance(value, list):
+        raise PrimefsError(f"{where}: `end_conditions:` must be a list like [{{command: \"pytest -q\"}}]")
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or len(item) != 1:
+            raise PrimefsError(f"{where}: each end condition is a map with one key, its name "
+                               f"(e.g. {{file_exists: report.md}}), not {item!r}")
+        (name, arg), = item.items()
+        if known is not None and name not in known:
+            raise PrimefsError(f"{where}: unknown end condition {name!r} (known: {', '.join(sorted(known))})")
+        out.append({str(name): arg})
+    return out
+
+
 # -- session.yaml ---------------------------------------------------------------------------------
 def check_session_meta(data, where: str) -> dict:
     """A session.yaml as the runner needs it. Unknown keys are kept (people and tools may add some)."""
@@ -194,12 +230,8 @@ def check_session_meta(data, where: str) -> dict:
     if data.get("autonomous") is not None and not isinstance(data["autonomous"], bool):
         raise PrimefsError(f"{where}: autonomous must be true or false")
     if data.get("budget") is not None:
-        from .goalctl import check_budget
-
         check_budget(data["budget"], where)
     if data.get("end_conditions") is not None:
-        from .goalctl import check_end_conditions
-
         check_end_conditions(data["end_conditions"], where)
     if data.get("tools") is not None:
         from .tools import check_selection

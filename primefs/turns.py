@@ -8,6 +8,7 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
+from . import tracing
 from .agent import Agent
 from .bell import Bell
 from .conversation import fenced_code
@@ -124,11 +125,15 @@ class Turns:
             agent.record("cell", call_id=None, code=None, error="interrupted by a runner restart", shown=text)
 
     def _turn(self, agent: Agent) -> None:
-        s = agent.session
         resumed = agent.resuming
         if not resumed:
             agent.turns += 1
-        turn = agent.turns
+        with tracing.turn(agent.session, agent.turns, resumed) as span:
+            span.turn_ended(self._run_turn(agent, agent.turns, resumed), agent.session)
+
+    def _run_turn(self, agent: Agent, turn: int, resumed: bool) -> str:
+        """One turn, from `turn_start` to `turn_end`; returns its outcome."""
+        s = agent.session
         if not s.meta.get("started_ts"):
             s.update(started_ts=time.time())  # the seconds budget counts from here
         s.set_status("running", stop_reason=None)
@@ -140,7 +145,7 @@ class Turns:
         if outcome == "interrupted":
             agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status="running", stop_reason=None)
             self._commit(s, f"turn {turn} interrupted")
-            return
+            return outcome
         if agent.pending_refine:
             request, agent.pending_refine = agent.pending_refine, None
             self.refine(agent, **request)
@@ -153,6 +158,7 @@ class Turns:
         self.report_to_parent(s, turn)
         self.commit_hand_edits()
         self._commit(s, f"turn {turn} {outcome}")
+        return outcome
 
     def _commit(self, s: Session, what: str) -> None:
         if self.committer is None:

@@ -105,3 +105,31 @@ def wait_for(pred, timeout: float = 60.0, what: str = "condition"):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- tests marked `netns` (browser tests) ----------------------------------------------------------------
+# They run only where `make test` runs them: inside a network namespace with nothing but loopback
+# (`unshare -n` / `unshare -rn`, then `ip link set lo up`), with PRIMEFS_NETNS_TESTS=1. Elsewhere they
+# are skipped, so a plain `pytest` never starts a browser with a way out to the network.
+NETNS_ENV = "PRIMEFS_NETNS_TESTS"
+
+
+def loopback_only() -> bool:
+    import socket
+
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if "netns" in item.keywords]
+    if not marked:
+        return
+    if os.environ.get(NETNS_ENV) == "1":
+        if not loopback_only():
+            raise pytest.UsageError(f"{NETNS_ENV}=1 but this network namespace has more than loopback; "
+                                    "run these tests through `make test` (or `make test-browser`)")
+        return
+    skip = pytest.mark.skip(reason=f"browser test: `make test` runs it in a loopback-only network namespace "
+                                   f"({NETNS_ENV}=1)")
+    for item in marked:
+        item.add_marker(skip)

@@ -1,0 +1,221 @@
+"""What the web view knows of the sessions: one incremental index per server, shared by every page.
+
+Each history is read once, then only the bytes appended since (live.HistoryReader), and each
+session.yaml is parsed again only when it changed (Session.reload): a page or a live update of a
+workspace with thousands of sessions costs a directory listing and a few stats per session, never a
+re-read of every history. A refresh is skipped if the last one was very recent (throttled by how long
+refreshes take), so any number of open pages share one reader.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from array import array
+from collections import defaultdict
+
+from ..daemon import runner_state
+from ..live import HistoryReader
+from ..session import Session
+
+SERIES_POINTS = 400  # a chart line never needs more points than this
+
+
+def parent_of(meta: dict) -> str | None:
+    parent = meta.get("parent")
+    return parent if isinstance(parent, str) and parent else None  # a hand edit may put anything there
+
+
+class Track:
+    """Running totals of one session's history, fed by the bytes appended since the last look."""
+
+    __slots__ = ("reader", "calls", "input_tokens", "output_tokens", "cost", "cost_unknown", "turns", "wall_s",
+                 "last", "kernel", "points")
+
+    def __init__(self, path):
+        self.reader = HistoryReader(path)
+        self.calls = self.input_tokens = self.output_tokens = self.turns = self.cost_unknown = 0
+        self.cost = self.wall_s = 0.0
+        self.last: dict | None = None
+        self.kernel: dict | None = None  # the last `kernel` event: where its kernel runs
+        self.points = array("d")  # ts, tokens, cost of every model call, flat: compact for big workspaces
+
+    def update(self) -> bool:
+        if self.reader.size() < self.reader.pos:  # cut or replaced: count again
+            self.__init__(self.reader.path)
+        events = self.reader.read()
+        for e in events:
+            t = e.get("type")
+            if t == "model_call":
+                tokens_in, tokens_out = int(e.get("input_tokens") or 0), int(e.get("output_tokens") or 0)
+                cost = float(e.get("cost_usd") or 0.0)
+                self.calls += 1
+                self.input_tokens += tokens_in
+                self.output_tokens += tokens_out
+                self.cost += cost
+                self.cost_unknown += 0 if e.get("cost_known") else 1
+                self.points.extend((float(e.get("ts") or 0.0), tokens_in + tokens_out, cost))
+            elif t == "turn_start" and not e.get("resumed"):
+                self.turns += 1
+            elif t == "turn_end":
+                self.wall_s += float(e.get("elapsed_s") or 0.0)
+            elif t == "kernel":
+                self.kernel = e
+            self.last = e
+        return bool(events)
+
+    def usage(self) -> dict:
+        return {"calls": self.calls, "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "tokens": self.input_tokens + self.output_tokens, "cost_usd": round(self.cost, 10),
+                "wall_s": round(self.wall_s, 4), "cost_unknown_calls": self.cost_unknown}
+
+
+class WorkspaceIndex:
+    def __init__(self, ws):
+        self.ws = ws
+        self.sessions: dict[str, Session] = {}
+        self.tracks: dict[str, Track] = {}
+        self.meta: dict[str, dict] = {}  # the last readable session.yaml of each session
+        self.problems: dict[str, str] = {}  # session id -> why its session.yaml cannot be read
+        self.children: dict[str | None, list[str]] = defaultdict(list)
+        self.order: list[str] = []  # every readable session: trees, newest root first
+        self.roots: list[str] = []
+        self.names: dict[str, str] = {}
+        self.total: dict = {"sessions": 0, "calls": 0, "tokens": 0, "cost_usd": 0.0, "cost_unknown_calls": 0}
+        self.version = 0  # bumped whenever anything shown changed
+        self.runner: dict = {"running": False, "state": None}
+        # held while reading what refresh() changes in place; pages hold it too while they gather a view
+        self.lock = threading.RLock()
+        self._last = 0.0
+        self._took = 0.0
+        self._tree_cache: dict[str, dict] = {}
+
+    # -- reading ----------------------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> int:
+        """Read what changed (unless a refresh just ran); returns the version."""
+        with self.lock:
+            now = time.monotonic()
+            if not force and now - self._last < max(0.25, 4 * self._took):
+                return self.version
+            changed = self._scan()
+            runner = runner_state(self.ws)
+            state = runner.get("state") or {}
+            summary = {"running": runner["running"], "pid": runner.get("pid"), "state": {
+                k: state.get(k) for k in ("active_sessions", "waiting_sessions", "queued_sessions", "live_kernels",
+                                          "kernel_pids")}}
+            if summary != self.runner:
+                self.runner, changed = summary, True
+            if changed:
+                self.version += 1
+                self._tree_cache = {}
+            self._last = time.monotonic()
+            self._took = self._last - now
+            return self.version
+
+    def _scan(self) -> bool:
+        changed = False
+        try:
+            present = {e.name for e in os.scandir(self.ws.sessions)
+                       if e.is_dir() and not e.name.startswith(".") and os.path.isfile(os.path.join(e.path, "session.yaml"))}
+        except FileNotFoundError:
+            present = set()
+        for sid in set(self.sessions) - present:
+            for table in (self.sessions, self.tracks, self.meta, self.problems):
+                table.pop(sid, None)
+            changed = True
+        for sid in sorted(present - set(self.sessions)):
+            self.sessions[sid] = Session(self.ws.sessions / sid)
+            self.tracks[sid] = Track(self.ws.sessions / sid / "history.jsonl")
+            changed = True
+        for sid, s in self.sessions.items():
+            try:
+                meta = s.reload()
+                if meta is not self.meta.get(sid):
+                    self.meta[sid], changed = meta, True
+                if self.problems.pop(sid, None):
+                    changed = True
+            except Exception as exc:  # broken or half-written: keep the last good one, say why
+                if self.problems.get(sid) != str(exc):
+                    self.problems[sid], changed = str(exc), True
+            changed = self.tracks[sid].update() or changed
+        if changed:
+            self.children = defaultdict(list)
+            for sid, meta in self.meta.items():
+                self.children[parent_of(meta)].append(sid)
+            # newest trees first (live work on top), each root followed by its descendants in creation order
+            self.roots = sorted((sid for sid, m in self.meta.items() if parent_of(m) not in self.meta), reverse=True)
+            self.order = [sid for root in self.roots for sid in self.descendants(root)]
+            self.names = {sid: str(m.get("name") or sid) for sid, m in self.meta.items()}
+            self.total = {"sessions": len(self.meta), "calls": 0, "tokens": 0, "cost_usd": 0.0, "cost_unknown_calls": 0}
+            for track in self.tracks.values():
+                u = track.usage()
+                for key in ("calls", "tokens", "cost_usd", "cost_unknown_calls"):
+                    self.total[key] += u[key]
+        return changed
+
+    # -- what pages ask -----------------------------------------------------------------------------
+    def own(self, sid: str) -> dict:
+        return self.tracks[sid].usage()
+
+    def tree(self, sid: str) -> dict:
+        """Usage of `sid` and all its descendants (cached until the next change)."""
+        if sid not in self._tree_cache:
+            total = self.own(sid)
+            for child in self.descendants(sid)[1:]:
+                for k, v in self.own(child).items():
+                    total[k] += v
+            total["cost_usd"] = round(total["cost_usd"], 10)
+            self._tree_cache[sid] = total
+        return self._tree_cache[sid]
+
+    def descendants(self, sid: str) -> list[str]:
+        """`sid`, then its descendants depth first, children in creation order (hand-made cycles cut)."""
+        out, stack, seen = [], [sid], set()
+        while stack:
+            cur = stack.pop()
+            if cur in seen:
+                continue
+            seen.add(cur)
+            out.append(cur)
+            stack.extend(sorted(self.children.get(cur, []), reverse=True))
+        return out
+
+    def depth(self, sid: str) -> int:
+        d, cur, seen = 0, parent_of(self.meta.get(sid, {})), {sid}
+        while cur and cur in self.meta and cur not in seen:
+            seen.add(cur)
+            d += 1
+            cur = parent_of(self.meta[cur])
+        return d
+
+    def row(self, sid: str) -> dict:
+        meta, track = self.meta[sid], self.tracks[sid]
+        state = self.runner.get("state") or {}
+        status = meta.get("status") or "pending"
+        flag = ("wait" if sid in (state.get("waiting_sessions") or []) else
+                "queued" if sid in (state.get("queued_sessions") or []) else None)
+        kernel = track.kernel or {}
+        live = kernel.get("pid") in (state.get("kernel_pids") or []) if kernel else False
+        return {"id": sid, "name": meta.get("name") or sid, "status": status, "flag": flag,
+                "stop_reason": meta.get("stop_reason"), "error": meta.get("error"), "model": meta.get("model"),
+                "parent": parent_of(meta), "depth": self.depth(sid), "turns": track.turns,
+                "own": track.usage(), "tree": self.tree(sid), "last": track.last,
+                "kernel": {"node": kernel.get("node"), "pid": kernel.get("pid"), "live": live} if kernel else None,
+                "problem": self.problems.get(sid)}
+
+    def series(self, sids: list[str], what: str = "tokens") -> list[tuple[float, float]]:
+        """Cumulative tokens (or cost) of these sessions over time, at most SERIES_POINTS points."""
+        col = 1 if what == "tokens" else 2
+        points = []
+        for sid in sids:
+            p = self.tracks[sid].points
+            points.extend((p[i], p[i + col]) for i in range(0, len(p), 3))
+        points.sort()
+        out, total = [(points[0][0], 0.0)] if points else [], 0.0  # from zero, at the first call
+        for ts, v in points:
+            total += v
+            out.append((ts, total))
+        if len(out) > SERIES_POINTS:  # keep the shape: evenly spaced samples and the last point
+            step = len(out) / SERIES_POINTS
+            out = [out[int(i * step)] for i in range(SERIES_POINTS)] + [out[-1]]
+        return out

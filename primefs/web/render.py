@@ -1,0 +1,87 @@
+"""HTML from templates (primefs/web/templates, autoescaped): pages, table rows, timeline events.
+
+Events are rendered on the server only, for the first page and for the live stream alike, so the
+page's script just inserts what it is sent. An event a template cannot render (a hand-edited or
+future history line) is shown as its raw JSON, never an error page.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
+
+from ..daemon import human_age
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def _clock(ts) -> str:
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(float(ts)))
+    except (TypeError, ValueError):
+        return ""
+
+
+def _when(ts) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
+    except (TypeError, ValueError):
+        return ""
+
+
+def _age(ts) -> str:
+    try:
+        return human_age(time.time() - float(ts))
+    except (TypeError, ValueError):
+        return ""
+
+
+def _num(n) -> str:
+    try:
+        return f"{int(n):,}"
+    except (TypeError, ValueError):
+        return str(n)
+
+
+def _usd(x) -> str:
+    try:
+        return f"{float(x):.4f}"
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def _short(text, n: int = 80) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _pretty(value) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=1, default=str)
+
+
+def make_env() -> Environment:
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(clock=_clock, when=_when, age=_age, num=_num, usd=_usd, short=_short, pretty=_pretty)
+    return env
+
+
+class Renderer:
+    def __init__(self):
+        self.env = make_env()
+        self._event = self.env.get_template("_event.html").module.event
+
+    def page(self, template: str, /, **ctx) -> str:
+        return self.env.get_template(template).render(**ctx)
+
+    def events(self, events: list[dict], names: dict[str, str]) -> Markup:
+        out = []
+        for e in events:
+            try:
+                out.append(str(self._event(e, names)))
+            except Exception:  # a line we cannot render still shows what it holds
+                out.append(f'<div class="ev ev-raw"><pre>{escape(_pretty(e))}</pre></div>')
+        return Markup("".join(out))

@@ -1,0 +1,216 @@
+"""The web view without a browser: access, CSRF, the CLI's writes, broken files, big workspaces, pages.
+
+Browser tests (live updates, clicks) are in test_web_browser.py, run in a network namespace.
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import pytest
+from click.testing import CliRunner
+from conftest import configure, run_once
+
+from primefs.accounting import UsageIndex
+from primefs.cli import main
+from primefs.goals import write_goal
+from primefs.harness import Harness
+from primefs.mail import new_files, parse
+from primefs.session import create_session, list_sessions
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient  # noqa: E402
+
+from primefs.web.app import make_app  # noqa: E402
+
+TOKEN = "test-token-123"
+
+
+def client(ws, eval_roots=(), **kw) -> TestClient:
+    app = make_app(ws, TOKEN, port=80, allowed_hosts={"testserver"}, eval_roots=list(eval_roots))
+    c = TestClient(app, follow_redirects=False, **kw)
+    c.cookies.set("primefs_token_80", TOKEN)
+    return c
+
+
+def csrf_of(html: str) -> str:
+    return re.search(r'name="csrf" value="([0-9a-f]+)"', html).group(1)
+
+
+@pytest.fixture
+def done_ws(ws):
+    """A finished session: one cell, an answer."""
+    (ws.root / "script.yaml").write_text("- code: print(6 * 7)\n- text: 'It is 42.'\n- text: 'Doubled: 84'\n")
+    ws = configure(ws, model="scripted/script.yaml")
+    write_goal(ws, "What is 6 * 7?", name="mult")
+    run_once(ws)
+    return ws
+
+
+def test_access_needs_the_token_and_a_known_host(done_ws):
+    app = make_app(done_ws, TOKEN, port=80, allowed_hosts={"testserver"}, eval_roots=[])
+    c = TestClient(app, follow_redirects=False)
+    assert c.get("/").status_code == 401
+    assert c.get("/?token=wrong").status_code == 401
+    r = c.get("/usage?token=" + TOKEN)  # the printed URL: the token becomes a cookie, and leaves the address
+    assert r.status_code == 303 and r.headers["location"] == "/usage"
+    assert "HttpOnly" in r.headers["set-cookie"] and "SameSite=strict" in r.headers["set-cookie"]
+    page = c.get("/")
+    assert page.status_code == 200 and "mult" in page.text
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert page.headers["x-frame-options"] == "DENY"
+    fresh = TestClient(app, follow_redirects=False)
+    assert fresh.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert fresh.get("/static/app.js").status_code == 401
+    # DNS rebinding: another name for this address is refused
+    assert c.get("/", headers={"Host": "evil.example:80"}).status_code == 400
+
+
+def test_mail_and_stop_are_the_cli_writes_behind_csrf(done_ws):
+    c = client(done_ws)
+    sid = next(s.id for s in list_sessions(done_ws.sessions))
+    page = c.get(f"/s/{sid}")
+    assert page.status_code == 200 and "It is 42." in page.text and "42\n" in page.text
+    token = csrf_of(page.text)
+    assert c.post(f"/s/{sid}/mail", data={"text": "x"}).status_code == 403  # no CSRF token
+    assert c.post(f"/s/{sid}/mail", data={"text": "x", "csrf": token},
+                  headers={"Origin": "http://evil.example"}).status_code == 403
+    assert c.post(f"/s/{sid}/mail", data={"text": "x", "csrf": token}, headers={"Origin": "null"}).status_code == 403
+    assert not new_files(done_ws.sessions / sid / "mail")
+    r = c.post(f"/s/{sid}/mail", data={"text": "Now double it", "csrf": token},
+               headers={"Origin": "http://testserver"})
+    assert r.status_code == 303 and r.headers["location"].startswith(f"/s/{sid}?sent=")
+    [path] = new_files(done_ws.sessions / sid / "mail")
+    msg = parse(path)
+    assert (msg.kind, msg.sender, msg.text.strip()) == ("user", "user", "Now double it")
+    assert "Delivered message" in c.get(r.headers["location"]).text
+    run_once(done_ws)  # the next turn answers the mail
+    assert "Doubled: 84" in c.get(f"/s/{sid}").text
+    r = c.post(f"/s/{sid}/stop", data={"csrf": token})
+    assert r.status_code == 303
+    page = c.get(r.headers["location"])
+    assert 'id="status">stopped<' in page.text and "Stop requested for 1 session(s)" in page.text
+
+
+def test_broken_files_never_break_a_page(ws):
+    good = create_session(ws.sessions, task="fine", name="good", model="scripted/x.yaml")
+    broken = create_session(ws.sessions, task="broken", name="broken", model="scripted/x.yaml")
+    (broken.dir / "session.yaml").write_text("id: [unclosed\n")
+    odd = create_session(ws.sessions, task="odd", name="odd", model="scripted/x.yaml", parent=good.id)
+    with open(odd.dir / "history.jsonl", "w") as f:
+        f.write('{"ts": 1, "type": "task", "n": 0, "text": "odd task"}\n')
+        f.write("garbage that is not json\n[1, 2]\n")
+        f.write('{"ts": 2, "type": "cell", "n": 1, "code": ["not", "text"], "output": 5}\n')
+        f.write('{"ts": 3, "type": "message", "n": 2}\n')
+        f.write('{"ts": 4, "type": "invented_event", "n": 3, "x": {"y": 1}}\n')
+        f.write('{"ts": 5, "type": "result", "n": 4, "text": "after the junk"}\n')
+        f.write('{"ts": 6, "type": "cell", "n": 5, "code": "tor')  # torn last line
+    (odd.dir / "session.yaml").write_text((odd.dir / "session.yaml").read_text() + "parent_extra: [1, 2]\n")
+    c = client(ws)
+    tree = c.get("/")
+    assert tree.status_code == 200
+    assert f'<a href="/s/{broken.id}">{broken.id}</a>: ' in tree.text  # named among the problems
+    assert f'data-id="{good.id}"' in tree.text and f'data-id="{odd.id}"' in tree.text
+    assert f'data-id="{broken.id}"' not in tree.text  # listed as a problem, not as a row
+    page = c.get(f"/s/{broken.id}")
+    assert page.status_code == 200 and "session.yaml cannot be read" in page.text
+    page = c.get(f"/s/{odd.id}")
+    assert page.status_code == 200 and "odd task" in page.text and "after the junk" in page.text
+    assert "invented_event" in page.text
+    for path in ("/usage", f"/usage?session={good.id}", "/harness", "/evals"):
+        assert c.get(path).status_code == 200, path
+    assert c.get("/s/..%2F..%2Fetc").status_code == 404
+    assert c.get("/s/nope").status_code == 404
+
+
+def test_big_history_and_many_sessions_are_paged(ws):
+    s = create_session(ws.sessions, task="long", name="long", model="scripted/x.yaml")
+    for i in range(1000):
+        s.history.append("notice", text=f"step {i:04d}")
+    for i in range(420):
+        create_session(ws.sessions, task="t", name=f"s{i}", model="scripted/x.yaml")
+    c = client(ws)
+    page = c.get(f"/s/{s.id}").text
+    assert "step 0999" in page and "step 0800" in page and "step 0799" not in page
+    before = re.search(r'\?before=(\d+)" id="earlier"', page).group(1)
+    earlier = c.get(f"/s/{s.id}?before={before}").text
+    assert "step 0799" in earlier and "step 0600" in earlier and "step 0800" not in earlier
+    assert "data-sse" not in earlier  # an older page is not live
+    first = c.get("/").text
+    assert first.count('<tr class="st-') == 200 and "page 1 of 3" in first
+    assert c.get("/?page=3").text.count('<tr class="st-') == 421 - 400
+
+
+def test_usage_page_sums_like_primefs_usage(ws):
+    (ws.root / "script.yaml").write_text(
+        "rules:\n  - match: '^sub'\n    replies:\n      - text: 'child answer'\n"
+        "default:\n  - code: \"print([rlm('sub %d' % i).wait() for i in range(3)])\"\n  - text: 'done'\n")
+    ws = configure(ws, model="scripted/script.yaml")
+    write_goal(ws, "fan out", name="root")
+    run_once(ws)
+    root = next(s for s in list_sessions(ws.sessions) if s.name == "root")
+    tree = UsageIndex(ws.sessions).tree(root.id)
+    c = client(ws)
+    page = c.get(f"/usage?session={root.id}").text
+    assert f"{tree['calls']} calls · {tree['input_tokens'] + tree['output_tokens']:,} tokens" in page
+    assert page.count("<svg") >= 2 and "<polyline" in page and "root.3" in page
+    overview = c.get("/usage").text
+    assert f"/usage?session={root.id}" in overview and "<polyline" in overview
+
+
+def test_harness_page_shows_provenance_and_reverts(ws):
+    h = Harness(ws)
+    sha = h.put("note", "be-brief", "Answer in one line.", source="user", description="style")
+    h.put("memory", "py-math", "Compute numbers in Python.", source="agent")
+    c = client(ws)
+    page = c.get("/harness").text
+    assert "be-brief" in page and "py-math" in page and sha[:10] in page
+    diff = c.get(f"/harness/c/{sha}").text
+    assert "+Answer in one line." in diff and "Primefs-Kind" in diff
+    assert c.get("/harness/c/" + "0" * 40).status_code == 404
+    r = c.post("/harness/revert", data={"sha": sha, "csrf": csrf_of(page)})
+    assert r.status_code == 303 and "reverted=" in r.headers["location"]
+    assert not (ws.harness / "notes" / "be-brief.md").exists()
+    assert h.log(1)[0]["reverts"] == sha
+    after = c.get(r.headers["location"]).text
+    assert "Reverted with a new commit" in after and "reverted</span>" in after
+    again = c.post("/harness/revert", data={"sha": sha, "csrf": csrf_of(page)})
+    assert again.status_code == 409 and "cannot revert" in again.text  # refused: one clear sentence
+
+
+def test_eval_runs_table_and_score_against_cost(ws, tmp_path):
+    runs = tmp_path / "eval-runs"
+    plain, modes = runs / "needle-a", runs / "agg-b"
+    for folder in (plain, modes):
+        folder.mkdir(parents=True)
+    rows = [{"id": f"i{i}", "score": float(i % 2), "input_tokens": 100, "output_tokens": 10, "cost_usd": 0.01,
+             "calls": 2, "wall_s": 1.0, "stop_reason": "answered", "session": None} for i in range(4)]
+    (plain / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    (plain / "summary.json").write_text(json.dumps({"benchmark": "needle"}))
+    (plain / "config.yaml").write_text("model: openai/gpt-x\n")
+    moded = [dict(r, mode=m, score=1.0 if m == "rlm" else 0.25) for r in rows for m in ("rlm", "direct")]
+    (modes / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in moded))
+    c = client(ws, eval_roots=[runs])
+    page = c.get("/evals").text
+    assert "needle-a" in page and "openai/gpt-x" in page and "0.500" in page
+    assert ">rlm<" in page and ">direct<" in page and "1.000" in page and "0.250" in page
+    assert page.count("<circle") == 3 and "cost (US$)" in page
+    run = c.get("/evals/run?root=0&path=needle-a").text
+    assert run.count("<tr>") == 5 and "1 line(s) of results.jsonl could not be read" in run
+    assert c.get("/evals/run?root=0&path=../../..").status_code == 404
+    assert c.get("/evals/run?root=7&path=needle-a").status_code == 404
+
+
+def test_serve_refuses_remote_hosts_and_busy_ports(ws):
+    r = CliRunner().invoke(main, ["-w", str(ws.root), "serve", "--host", "0.0.0.0"])
+    assert r.exit_code == 1 and "not a loopback address" in r.output and "--allow-remote" in r.output
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        r = CliRunner().invoke(main, ["-w", str(ws.root), "serve", "--port", str(busy.getsockname()[1])])
+        assert r.exit_code == 1 and "is in use" in r.output and "Traceback" not in r.output
+    finally:
+        busy.close()

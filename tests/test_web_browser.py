@@ -1,0 +1,203 @@
+"""The web view in a real browser (Chromium through Playwright), on a real `primefs serve` and runner.
+
+Marked `netns`: `make test` runs these inside a network namespace that has only loopback; elsewhere
+they are skipped (conftest.py). Each page's screenshot goes to the test's tmp folder, or to
+$PRIMEFS_SCREENSHOTS when set; bench/screenshots.py makes the ones in docs/img/.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from browser import chromium, served
+from conftest import BackgroundRunner, configure, run_once, wait_for
+
+from primefs.goals import write_goal
+from primefs.harness import Harness
+from primefs.session import list_sessions
+
+pytestmark = pytest.mark.netns
+
+SCRIPT = """
+rules:
+  - match: "^Slowly"
+    replies:
+      - code: "import time\\ntime.sleep(3)\\nprint('slow-output-' + str(6 + 1))"
+      - text: "slow answer"
+  - match: "^Forever"
+    replies:
+      - code: "import time\\ntime.sleep(60)"
+      - text: "never"
+default:
+  - code: "print(6 * 7)"
+  - text: "It is 42."
+  - text: "Doubled: 84"
+"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    problems: list[str] = []  # script errors and Content-Security-Policy violations show up here
+    pg.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: problems.append(str(e)))
+    pg.on("dialog", lambda d: d.accept())  # the confirm() of stop and revert
+    pg.set_default_timeout(20000)
+    yield pg
+    context.close()
+    assert not problems, problems
+
+
+@pytest.fixture
+def sws(ws):
+    (ws.root / "script.yaml").write_text(SCRIPT)
+    return configure(ws, model="scripted/script.yaml")
+
+
+def shot(pg, tmp_path: Path, name: str) -> None:
+    folder = Path(os.environ.get("PRIMEFS_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+
+
+def go(pg, url: str, path: str) -> None:
+    """Open `path` of the server at `url` (the printed URL: its token becomes the page's cookie)."""
+    base, token = url.split("/?token=")
+    pg.goto(f"{base}{path}{'&' if '?' in path else '?'}token={token}")
+
+
+def session_named(ws, name: str):
+    return next((s for s in list_sessions(ws.sessions) if s.name == name), None)
+
+
+def test_tree_page_shows_the_sessions(sws, page, tmp_path):
+    write_goal(sws, "What is 6 * 7?", name="mult")
+    run_once(sws)
+    s = session_named(sws, "mult")
+    with served(sws.root) as url:
+        page.goto(url)
+        assert "token=" not in page.url  # the token became a cookie
+        row = page.locator(f'tr[data-id="{s.id}"]')
+        assert row.locator(".badge").inner_text() == "idle"
+        assert row.locator("td.num").first.inner_text() == "1"  # turns
+        shot(page, tmp_path, "tree")
+
+
+def test_tree_updates_live_while_a_goal_runs(sws, page):
+    with served(sws.root) as url:
+        page.goto(url)
+        page.wait_for_selector("#live.on")  # the event stream is open
+        assert "no sessions yet" in page.inner_text("#rows")
+        page.evaluate("window.notReloaded = true")
+        with BackgroundRunner(sws):
+            write_goal(sws, "Slowly compute something", name="slow")
+            page.wait_for_selector('tr[data-id] .badge.running')
+            page.wait_for_selector('tr[data-id] .badge.idle', timeout=30000)
+        s = session_named(sws, "slow")
+        row = page.locator(f'tr[data-id="{s.id}"]')
+        assert "turn_end: idle" in row.locator("td.last").inner_text()
+        assert page.evaluate("window.notReloaded") is True  # all of it came over the stream
+
+
+def test_session_page_shows_a_cell_output_as_it_appears(sws, page, tmp_path):
+    with served(sws.root) as url:
+        page.goto(url)
+        with BackgroundRunner(sws):
+            write_goal(sws, "Slowly compute something", name="slow")
+            s = wait_for(lambda: session_named(sws, "slow"), what="the session")
+            wait_for(lambda: s.events("cell") == [] and s.events("assistant"), what="its first reply")
+            go(page, url, f"/s/{s.id}")
+            page.wait_for_selector("#live.on")
+            assert page.locator(".ev-cell").count() == 0  # the cell is still running
+            out = page.wait_for_selector(".ev-cell pre.out", timeout=30000)
+            assert out.inner_text().strip() == "slow-output-7"
+            assert page.locator(".ev-cell pre.code").inner_text().startswith("import time")
+            page.wait_for_selector("#status.idle", timeout=30000)  # the header follows too
+            page.wait_for_selector("#result")
+            assert page.inner_text("#result") == "slow answer"
+            shot(page, tmp_path, "session")
+
+
+def test_send_mail_and_see_the_next_turn(sws, page):
+    write_goal(sws, "What is 6 * 7?", name="mult")
+    with served(sws.root) as url, BackgroundRunner(sws):
+        s = wait_for(lambda: session_named(sws, "mult"), what="the session")
+        wait_for(lambda: s.read_result() == "It is 42." and s.reload()["status"] == "idle", what="turn 1")
+        go(page, url, f"/s/{s.id}")
+        page.fill("#mail-text", "Now double it")
+        page.click("#mail-send")
+        page.wait_for_selector("#note")
+        assert "Delivered message" in page.inner_text("#note")
+        msg = page.wait_for_selector(".ev-message", timeout=30000)
+        assert "Now double it" in msg.inner_text() and "user from user" in msg.inner_text()
+        page.wait_for_selector(".ev-turn_start >> text=turn 2")
+        page.wait_for_selector(".ev-assistant >> text=Doubled: 84", timeout=30000)
+        page.wait_for_selector("#turns >> text=2")
+
+
+def test_stop_a_running_session(sws, page):
+    with served(sws.root) as url, BackgroundRunner(sws):
+        write_goal(sws, "Forever sleeping", name="forever")
+        s = wait_for(lambda: session_named(sws, "forever"), what="the session")
+        wait_for(lambda: s.events("assistant"), what="its cell to start")
+        go(page, url, f"/s/{s.id}")
+        page.click("#stop")
+        assert "Stop requested for 1 session(s)" in page.inner_text("#note")
+        page.wait_for_selector("#status.stopped", timeout=30000)
+        assert s.reload()["status"] == "stopped"
+
+
+def test_revert_a_harness_commit(sws, page, tmp_path):
+    h = Harness(sws)
+    keep = h.put("memory", "py-math", "Compute numbers in Python.", source="user")
+    sha = h.put("note", "be-brief", "Answer in one line.", source="user", description="style")
+    with served(sws.root) as url:
+        go(page, url, "/harness")
+        shot(page, tmp_path, "harness")
+        page.click(f'tr[data-sha="{sha}"] button.revert')
+        page.wait_for_selector("#note")
+        assert "Reverted with a new commit" in page.inner_text("#note")
+        assert page.locator(f'tr[data-sha="{sha}"] button.revert').count() == 0
+        assert page.locator(f'tr[data-sha="{keep}"] button.revert').count() == 1
+        assert not (sws.harness / "notes" / "be-brief.md").exists()
+        head = subprocess.run(["git", "-C", str(sws.root), "log", "-1", "--format=%B"], capture_output=True,
+                              text=True).stdout
+        assert f"Primefs-Reverts: {sha}" in head and "Primefs-Source: user" in head
+        page.click(f'a[href="/harness/c/{sha}"]')
+        assert "+Answer in one line." in page.inner_text("#diff")
+        shot(page, tmp_path, "commit")
+
+
+def test_usage_and_eval_pages_draw_their_charts(sws, page, tmp_path):
+    (sws.root / "script.yaml").write_text(
+        "rules:\n  - match: '^sub'\n    replies:\n      - text: 'child answer'\n"
+        "default:\n  - code: \"print([rlm('sub %d' % i).wait() for i in range(3)])\"\n  - text: 'done'\n")
+    write_goal(sws, "fan out", name="root")
+    run_once(sws)
+    runs = sws.root / "eval-runs" / "demo"
+    runs.mkdir(parents=True)
+    (runs / "results.jsonl").write_text("".join(
+        f'{{"id": "i{i}", "score": {i % 2}, "input_tokens": 100, "output_tokens": 9, "cost_usd": 0.0}}\n'
+        for i in range(4)))
+    with served(sws.root) as url:
+        go(page, url, "/usage")
+        assert page.locator("#chart-tokens polyline").count() == 1
+        assert page.locator("#chart-tokens svg").bounding_box()["width"] > 300
+        shot(page, tmp_path, "usage")
+        page.click("#usage-table a")
+        assert re.search(r"4 session\(s\)", page.inner_text("main"))
+        assert page.locator("#chart-tokens polyline").count() == 4
+        page.click("nav >> text=Evals")
+        assert page.locator("#chart-score circle").count() == 1
+        assert page.inner_text("#runs td.score") == "0.500"
+        shot(page, tmp_path, "evals")
