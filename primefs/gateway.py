@@ -1,11 +1,15 @@
 """The model gateway: every model call the runner makes goes through here.
 
 Before a call: the session's budgets and stop flags (goalctl). The call: the provider that serves
-the model, bounded retries with exponential backoff. After: one `model_call` (or `model_error`)
-event in the history of the session that made the call, and the goal's usage counters.
+the model, in a thread of its own, so that it always ends: after `limits.model_timeout_s`, after
+`limits.stream_idle_timeout_s` without a streamed chunk, or within a quarter second of a stop
+(`primefs stop`, `down`, Ctrl-C); then bounded retries with exponential backoff. After: one
+`model_call` (or `model_error`) event in the history of the session that made the call, and the
+goal's usage counters.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from . import tracing
@@ -33,7 +37,7 @@ class ModelGateway:
             started = time.monotonic()
             try:
                 with tracing.model_call(agent.session, settings["model"], purpose, attempt + 1) as span:
-                    reply = provider.complete(messages, tools, settings)
+                    reply = self._call(agent, provider, messages, tools, settings)
                     span.usage(reply)
             except ModelError as exc:
                 last = attempt == retries or not exc.retryable
@@ -51,6 +55,44 @@ class ModelGateway:
             self.goals.record_call(agent.session.id, reply.input_tokens + reply.output_tokens, reply.cost_usd)
             return reply
         raise AssertionError("unreachable")
+
+    def _call(self, agent, provider, messages, tools, settings: dict) -> ModelReply:
+        """The provider's call in a thread of its own, waited for until it ends, times out, goes
+        quiet while streaming, or the session or runner stops. An abandoned call is told to stop
+        (`_cancel`, which streaming providers check between chunks); its result is dropped."""
+        total = float(agent.limits["model_timeout_s"])
+        idle = float(agent.limits["stream_idle_timeout_s"])
+        cancel = threading.Event()
+        last_chunk = [time.monotonic()]
+        call = dict(settings, _cancel=cancel, _progress=lambda: last_chunk.__setitem__(0, time.monotonic()),
+                    _timeout_s=total, _idle_timeout_s=idle)
+        box: dict = {}
+        done = threading.Event()
+
+        def run():
+            try:
+                box["reply"] = provider.complete(messages, tools, call)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"model-{agent.session.id}", daemon=True).start()
+        started = time.monotonic()
+        while not done.wait(0.25):
+            now = time.monotonic()
+            if agent.stop_requested or self.bell.stopping:
+                cancel.set()
+                raise SessionStopping("the session or the runner is stopping")
+            if now - started > total:
+                cancel.set()
+                raise ModelError(f"the model did not answer within {total:g} s (limits.model_timeout_s)")
+            if settings.get("stream") and now - last_chunk[0] > idle:
+                cancel.set()
+                raise ModelError(f"the model's stream sent nothing for {idle:g} s (limits.stream_idle_timeout_s)")
+        if "error" in box:
+            raise box["error"]
+        return box["reply"]
 
     def _pause(self, agent, seconds: float) -> None:
         """Back off before a retry, but give up at once when the session or the runner stops."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ruamel.yaml.comments import CommentedMap
 
-from . import frontmatter
+from . import frontmatter, redact
 from .errors import PrimefsError
 from .fsutil import check_name, write_atomic
 from .gitops import commit_lock
@@ -187,6 +187,11 @@ class Harness:
         None removes a key). `files` (skills only): {"mod.py": code, "old.py": None to delete}."""
         check_kind(kind)
         check_entry_name(name)
+        # a harness entry is committed and shown to every later session: known secrets never go in
+        body, description = (redact.text(body) if body is not None else None), \
+            (redact.text(description) if description is not None else None)
+        fields = redact.value(fields)
+        files = {k: (redact.text(v) if isinstance(v, str) else v) for k, v in files.items()} if files else files
         if files and kind != "skill":
             raise PrimefsError("files=... is only for skills (their Python modules)")
         for fname in files or {}:

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from . import redact
+
 
 def now() -> float:
     return round(time.time(), 6)
@@ -34,7 +36,9 @@ class History:
         return self._fd
 
     def append(self, type: str, **fields) -> dict:
-        """Append an event; returns it (with `ts`, `type` and a per-session sequence number `n`)."""
+        """Append an event; returns it (with `ts`, `type` and a per-session sequence number `n`).
+        Known secrets in its fields are redacted first (redact.py)."""
+        fields = redact.value(fields)
         with self._lock:
             fd = self._open()
             event = {"ts": now(), "type": type, "n": self._seq, **fields}

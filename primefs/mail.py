@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import frontmatter
+from . import frontmatter, redact
 from .errors import PrimefsError
 from .fsutil import NAME_RE, fsync_dir
 from .session import iso
@@ -46,8 +46,9 @@ def new_message_id() -> str:
 
 
 def deliver(mail_dir: Path, *, sender: str, to: str, kind: str, text: str, extra: dict | None = None) -> Message:
+    text = redact.text(text)  # known secrets never reach a file
     msg = Message(id=new_message_id(), sender=sender, to=to, kind=kind, text=text, created=iso())
-    meta = {"id": msg.id, "from": sender, "to": to, "kind": kind, "created": msg.created, **(extra or {})}
+    meta = {"id": msg.id, "from": sender, "to": to, "kind": kind, "created": msg.created, **redact.value(extra or {})}
     tmp = mail_dir / "tmp" / f"{msg.id}.md"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from . import mail
+from . import mail, redact
 from .agent import Agent
 from .bell import Bell
 from .control import REFINE_FILE, STOP_FILE
@@ -114,6 +114,7 @@ class Runner:
         self.ws = ws
         self.log = OnceLog(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
         self.limits = ws.limits()
+        redact.configure(ws.config)  # the keys this workspace names are never written to a file
         self.pm = plugin_manager(ws.root)
         conditions = end_conditions(self.pm)
         self.bell = Bell()

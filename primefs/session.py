@@ -9,6 +9,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import redact
 from .errors import PrimefsError
 from .frontmatter import dump_yaml, load_yaml
 from .fsutil import write_atomic
@@ -64,7 +65,7 @@ class Session:
     def update(self, **fields) -> dict:
         with self._lock:
             meta = self.meta
-            meta.update(fields)
+            meta.update(redact.value(fields))
             meta["updated"] = iso()
             write_atomic(self.dir / "session.yaml", dump_yaml(meta, safe=True), durable=False)
             self._meta_key = self._stat_key()
@@ -97,7 +98,7 @@ class Session:
             return None
 
     def write_result(self, text: str) -> None:
-        write_atomic(self.dir / "result.md", text)
+        write_atomic(self.dir / "result.md", redact.text(text))
 
     def events(self, type: str | None = None) -> list[dict]:
         return read_events(self.dir / "history.jsonl", type)

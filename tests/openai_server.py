@@ -40,14 +40,15 @@ class ScriptServer:
     """An OpenAI-compatible chat completions server on 127.0.0.1 answering from a script.
 
     ``ScriptServer(script, *, delay=0.0, host="127.0.0.1", port=0)``: ``script`` is anything
-    ``normalize_script`` accepts; ``delay`` seconds are slept before each reply; port 0 picks
-    a free port. Use as a context manager, or call ``start()``/``stop()``.
+    ``normalize_script`` accepts; ``delay`` seconds are slept before each reply (``stall``
+    seconds after the first chunk of a streamed one); port 0 picks a free port. Use as a context manager, or call ``start()``/``stop()``.
     """
 
     def __init__(self, script: Any, *, delay: float = 0.0, host: str = "127.0.0.1", port: int = 0):
         self._lock = threading.Lock()
         self._script = normalize_script(script)
         self.delay = delay
+        self.stall = 0.0  # seconds a streamed reply pauses after its first chunk (a server gone quiet)
         self._host, self._port = host, port
         self._requests: list[dict] = []
         self._usages: list[dict] = []
@@ -255,12 +256,17 @@ def _make_handler(owner: ScriptServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
                 self.wfile.flush()
 
+            sent = [0]
+
             def chunk(delta: dict, finish: str | None = None) -> None:
                 event = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                          "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
                 if include_usage:
                     event["usage"] = None
                 send(json.dumps(event))
+                sent[0] += 1
+                if sent[0] == 1 and owner.stall:
+                    time.sleep(owner.stall)
 
             content, calls = answer["content"], answer["tool_calls"]
             pieces = _pieces(content or "")

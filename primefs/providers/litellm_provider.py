@@ -42,7 +42,10 @@ class LiteLLMProvider:
 
     def complete(self, messages: list[dict], tools: list[dict] | None, settings: dict) -> ModelReply:
         litellm = get_litellm()
-        kwargs = {k: v for k, v in settings.items() if k not in OWN_KEYS and v is not None}
+        # keys starting with "_" are the gateway's (cancel event, progress, timeouts), never litellm's
+        kwargs = {k: v for k, v in settings.items() if k not in OWN_KEYS and not k.startswith("_") and v is not None}
+        if settings.get("_timeout_s"):  # the HTTP client gives up too, a little after the gateway stopped waiting
+            kwargs.setdefault("timeout", 5 + (settings["_idle_timeout_s"] if settings.get("stream") else settings["_timeout_s"]))
         if settings.get("api_key_env"):
             key = os.environ.get(settings["api_key_env"])
             if key is None:
@@ -55,14 +58,37 @@ class LiteLLMProvider:
         model = settings["model"]
         try:
             if settings.get("stream"):
-                chunks = list(litellm.completion(model=model, messages=messages, stream=True,
-                                                 stream_options={"include_usage": True}, **kwargs))
-                response = litellm.stream_chunk_builder(chunks, messages=messages)
+                response = litellm.stream_chunk_builder(self._chunks(litellm, model, messages, kwargs, settings),
+                                                        messages=messages)
             else:
                 response = litellm.completion(model=model, messages=messages, **kwargs)
         except Exception as exc:  # litellm maps provider errors to its own exception types
             raise ModelError(f"{type(exc).__name__}: {exc}", retryable=_is_retryable(exc)) from exc
         return _to_reply(litellm, response, model)
+
+
+    @staticmethod
+    def _chunks(litellm, model, messages, kwargs, settings) -> list:
+        """A streamed reply's chunks; stops (closing the stream) when the gateway cancels the call."""
+        cancel, progress = settings.get("_cancel"), settings.get("_progress")
+        stream = litellm.completion(model=model, messages=messages, stream=True,
+                                    stream_options={"include_usage": True}, **kwargs)
+        chunks = []
+        try:
+            for chunk in stream:
+                chunks.append(chunk)
+                if progress:
+                    progress()
+                if cancel is not None and cancel.is_set():
+                    raise ModelError("the model call was cancelled", retryable=False)
+        finally:
+            close = getattr(stream, "close", None) or getattr(getattr(stream, "completion_stream", None), "close", None)
+            if close:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    pass
+        return chunks
 
 
 def _to_reply(litellm, response, model: str) -> ModelReply:

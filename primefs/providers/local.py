@@ -125,6 +125,9 @@ class LocalProvider:
         rewritten.update(model=f"openai/{SERVED_NAME}", api_base=api_base, api_key="none")
         if rewritten.get("max_tokens") is None:
             rewritten["max_tokens"] = DEFAULT_MAX_TOKENS
+        # Streamed, so that a cancelled call (primefs stop, down, Ctrl-C) closes the connection and
+        # llama.cpp stops generating at the next token instead of finishing the reply.
+        rewritten["stream"] = True
         # tools are never passed: SmolLM2 has no tool calling (the harness runs it fenced).
         reply = LiteLLMProvider().complete(messages, None, rewritten)
         reply.cost_usd, reply.cost_known = 0.0, True  # runs on this machine: free, and known to be
