@@ -17,7 +17,9 @@ from .kernelhost import KernelHost, KernelSpec
 from .postoffice import PostOffice
 from .prompt import system_prompt
 from .providers.base import PYTHON_TOOL, ModelError
+from .sandbox import weaknesses as sandbox_weaknesses
 from .session import Session
+from .settings import check_sandbox
 from .toolbox import ToolBox
 from .tools import render_for_prompt as render_tools
 from .tree import SessionTree
@@ -69,10 +71,23 @@ class Agent:
         meta = self.session.meta
         skill_dirs = [str(self.tree.dir / s / "harness" / "skills") for s in self.tree.chain(self.session.id)]
         skill_dirs.append(str(self.ws.harness / "skills"))
+        box = self.sandbox()
         return KernelSpec(self.session.id, self.ws.root, setup={
             "context_paths": list(meta.get("context") or []), "context_data": meta.get("context_data"),
             "skill_dirs": skill_dirs, "tools": [t.spec() for t in self.tools()],
-            "plugins_dir": str(self.ws.plugins)}, resources=dict(meta.get("resources") or {}))
+            "plugins_dir": str(self.ws.plugins)}, resources=dict(meta.get("resources") or {}),
+            sandbox=box, tmpdir=str(self.session.dir / "kernel" / "tmp") if box else None)
+
+    def sandbox(self) -> dict | None:
+        """The session's sandbox: its own `sandbox:` (from its goal, or inherited), else primefs.yaml's."""
+        meta = self.session.meta
+        value = meta["sandbox"] if "sandbox" in meta else self.ws.config.get("sandbox")
+        box = check_sandbox(value, f"sessions/{self.session.id}")
+        for note in sandbox_weaknesses() if box else []:
+            if note not in self.warned:
+                self.warned.add(note)
+                self.record("warning", text=f"sandbox: {note}")
+        return box
 
     def tools(self) -> list:
         """The tools this session gets (its `tools:` selection); names that match none are said once."""

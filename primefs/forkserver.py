@@ -32,7 +32,7 @@ WARM = ("ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipyk
         "IPython.extensions.storemagic", "IPython.utils.wildcard", "tornado.platform.asyncio",
         "tornado.queues", "tornado.locks", "pdb", "pydoc", "code", "http.server", "xmlrpc.server",
         "encodings.idna", "unicodedata", "dill", "primefs.kernel_api", "primefs.kernel_snapshot",
-        "primefs.kernel_tools")
+        "primefs.kernel_tools", "primefs.sandbox")
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 
@@ -68,7 +68,8 @@ def _kernel(req: dict, server_pid: int) -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != server_pid:  # the template died before the line above took effect
         os._exit(1)
-    _prctl(PR_SET_DUMPABLE, 0)
+    if not req.get("sandbox"):  # (a sandbox is set up first: its uid maps live in /proc/self, which a
+        _prctl(PR_SET_DUMPABLE, 0)  # non-dumpable process does not own)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
@@ -85,6 +86,16 @@ def _kernel(req: dict, server_pid: int) -> None:
     sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)
     try:
+        if req.get("sandbox"):
+            from primefs import sandbox
+
+            box = req["sandbox"]
+            sandbox.enter(box["settings"], box["writable"], box["tmpdir"], box["name"])
+            # new credentials cleared both (commit_creds): set them again, and check the parent is alive
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            _prctl(PR_SET_DUMPABLE, 0)
+            if os.getppid() != server_pid:
+                os._exit(1)
         app = _make_app(req["conn"])
         app.initialize([])
         import primefs.kernel_api as api

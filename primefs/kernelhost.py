@@ -28,6 +28,8 @@ class KernelSpec:
     cwd: Path
     setup: dict = field(default_factory=dict)  # kernel_api.setup(): context_paths, context_data, skill_dirs
     resources: dict = field(default_factory=dict)  # what a placement needs (num_cpus, memory, ...)
+    sandbox: dict | None = None  # settings.SANDBOX keys; None: no sandbox
+    tmpdir: str | None = None  # the kernel's TMPDIR in a sandbox (inside the workspace)
 
 
 class KernelHandle(ABC):

@@ -20,6 +20,7 @@ from pathlib import Path
 from .kernelclient import CellResult, KernelClient, connection_info
 from .kernelhost import Handler, KernelHandle, KernelHost, KernelSpec
 from .rpc import RpcServer
+from .sandbox import CGROUP_ROOTS
 
 # Environment variables a kernel may see; everything else (API keys above all) stays in the runner.
 SAFE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "SHELL",
@@ -97,6 +98,11 @@ class LocalKernel(KernelHandle):
                 pass
         for i in range(1, 6):
             _unlink(Path(f"{self.base}-{i}"))
+        for root in CGROUP_ROOTS:  # a sandboxed kernel's pids cgroup (as root), empty once it is gone
+            try:
+                os.rmdir(os.path.join(root, f"primefs-{os.getuid()}", self.base.name))
+            except OSError:
+                pass
         log = Path(f"{self.base}.log")
         try:
             if log.stat().st_size == 0:
@@ -113,6 +119,13 @@ class LocalKernelHost(KernelHost):
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in self.dir.iterdir():  # left by a killed runner (one runner per workspace: ours now)
             _unlink(stale)
+        for root in CGROUP_ROOTS:  # empty pids cgroups of sandboxed kernels that are gone
+            folder = os.path.join(root, f"primefs-{os.getuid()}")
+            for name in os.listdir(folder) if os.path.isdir(folder) else []:
+                try:
+                    os.rmdir(os.path.join(folder, name))
+                except OSError:
+                    pass
         self.cwd = Path(cwd)
         self.handler = handler
         self.log = log
@@ -199,14 +212,24 @@ class LocalKernelHost(KernelHost):
         base = self.dir / f"{spec.session_id}-{next(self._ids)}"
         info = connection_info(base)
         setup = {**spec.setup, "sock": str(self.rpc.path), "token": token, "session_id": spec.session_id}
-        pid = self._spawn({"op": "spawn", "conn": info, "cwd": str(spec.cwd), "env": kernel_env(),
-                           "setup": setup, "log": f"{base}.log"})
+        env = kernel_env()
+        box = None
+        if spec.sandbox:  # writable: the workspace and our socket folder, nothing else
+            box = {"settings": spec.sandbox, "writable": [str(spec.cwd), str(self.rpc.path.parent)],
+                   "tmpdir": spec.tmpdir or str(spec.cwd / ".primefs" / "tmp"), "name": base.name}
+            env["MALLOC_ARENA_MAX"] = "2"  # glibc reserves 64 MB of address space per thread otherwise
+        pid = self._spawn({"op": "spawn", "conn": info, "cwd": str(spec.cwd), "env": env, "setup": setup,
+                           "log": f"{base}.log", "sandbox": box})
         k = LocalKernel(self, spec.session_id, token, pid, info, base)
         with self._lock:
             self._by_token[token] = k
             self._by_pid[pid] = k
         try:
             k.client.wait_ready(START_TIMEOUT_S, cancelled=lambda: self.closed)
+        except RuntimeError as exc:  # say why, from the kernel's own last words
+            why = _last_line(Path(f"{base}.log"))
+            k.shutdown()
+            raise RuntimeError(f"{exc}{': ' + why if why else ''}") from None
         except BaseException:
             k.shutdown()
             raise
@@ -250,6 +273,14 @@ class LocalKernelHost(KernelHost):
                 server.kill()
                 server.wait(5)
         self.rpc.close()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:500] if lines else ""
 
 
 def _unlink(path: Path) -> None:

@@ -117,6 +117,8 @@ class KernelServices:
             extra["limits"] = parent.meta["limits"]
         if "tools" not in extra and parent.meta.get("tools") is not None:
             extra["tools"] = parent.meta["tools"]
+        if "sandbox" in parent.meta:  # a goal's sandbox covers its whole tree
+            extra["sandbox"] = parent.meta["sandbox"]
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
                                extra=extra, files=_context_files(context))
         agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)
