@@ -124,13 +124,17 @@ def save(session_dir: Path, hb: dict) -> None:
     write_atomic(folder(session_dir) / f"{hb['id']}.yaml", dump_yaml(hb, safe=True))
 
 
-def load_all(session_dir: Path) -> list[dict]:
+def load_all(session_dir: Path, problems: list[str] | None = None) -> list[dict]:
+    """The session's usable heartbeats; a broken file never stops the others (its problem is added
+    to `problems`, naming the file)."""
     out = []
     for p in sorted(folder(session_dir).glob("hb-*.yaml")):
+        label = f"sessions/{Path(session_dir).name}/heartbeats/{p.name}"
         try:
-            out.append(check(load_yaml(p, safe=True), p.name))
-        except PrimefsError:
-            continue  # a broken heartbeat file never stops the others (and is listed by `heartbeat list`)
+            out.append(check(load_yaml(p, safe=True, label=label), label))
+        except PrimefsError as exc:
+            if problems is not None:
+                problems.append(str(exc))
     return out
 
 
@@ -158,11 +162,12 @@ def find(session_dir: Path, hb_id: str) -> dict:
     raise PrimefsError(f"no heartbeat {hb_id!r} in {session_dir.name} (see `primefs heartbeat list`)")
 
 
-def claim_due(session_dir: Path, now: float | None = None) -> list[tuple[dict, int]]:
+def claim_due(session_dir: Path, now: float | None = None, problems: list[str] | None = None
+              ) -> list[tuple[dict, int]]:
     """Due heartbeats of a session, each with how many ticks it covers; claimed (saved) before returning."""
     now = time.time() if now is None else now
     out = []
-    for hb in load_all(session_dir):
+    for hb in load_all(session_dir, problems):
         if hb.get("paused") or hb["next_due"] > now:
             continue
         schedule = parse_schedule(hb["schedule"])

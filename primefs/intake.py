@@ -87,9 +87,12 @@ class Intake:
             try:
                 if s.reload().get("status") == "stopped":
                     continue
-                for hb, ticks in heartbeat.claim_due(s.dir):
+                problems: list[str] = []
+                for hb, ticks in heartbeat.claim_due(s.dir, problems=problems):
                     self.post.deliver(sid, sender="heartbeat", kind="heartbeat", text=heartbeat.message_text(hb, ticks),
                                       extra={"heartbeat": hb["id"], "ticks": ticks})
+                for problem in problems:  # said once (the runner's log says a warning once)
+                    self.log(f"warning: heartbeat skipped: {problem}")
             except Exception as exc:  # noqa: BLE001 - a broken heartbeat file never stops the others
                 self.log(f"warning: heartbeats of {sid}: {type(exc).__name__}: {exc}")
 
