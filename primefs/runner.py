@@ -110,8 +110,9 @@ class OnceLog:
 
 
 class Runner:
-    def __init__(self, ws: Workspace, log=None):
+    def __init__(self, ws: Workspace, log=None, ray: str | None = None):
         self.ws = ws
+        self.ray = ray  # `run --ray ADDRESS`: kernels on that Ray cluster (else `hosts:` decides)
         self.log = OnceLog(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
         self.limits = ws.limits()
         self.pm = plugin_manager(ws.root)
@@ -157,9 +158,7 @@ class Runner:
         observer = None
         self._handle_sigterm()
         try:
-            from .localkernels import LocalKernelHost
-
-            self.host = LocalKernelHost(self.ws.runtime, self.ws.root, self.services.handle, self.log)
+            self.host = self._kernel_host()
             self.toolbox.start()
             self.turns.committer = Committer(self.ws.root)
             self.recover()
@@ -175,6 +174,20 @@ class Runner:
             if observer is not None:
                 observer.stop()
             self._shutdown()
+
+    def _kernel_host(self):
+        """Local kernels, or kernels on a Ray cluster (`--ray ADDRESS`, or `hosts:` of kind ray)."""
+        ray = self.ws.ray_host()
+        if self.ray or ray:
+            from .raykernels import RayKernelHost
+
+            address = self.ray or ray["address"]
+            self.log(f"kernels on the Ray cluster at {address}")
+            return RayKernelHost(address, self.ws.root, self.services.handle, self.log,
+                                 resources=(ray or {}).get("resources"))
+        from .localkernels import LocalKernelHost
+
+        return LocalKernelHost(self.ws.runtime, self.ws.root, self.services.handle, self.log)
 
     def guarded(self, what: str, fn, *args) -> None:
         """Run one step of the loop (or a watchdog hint); a failure is logged once, never fatal."""
@@ -215,9 +228,9 @@ class Runner:
 
     def write_state(self) -> None:
         """.primefs/runner.json: what `primefs runner` shows (pid, since, kernels, memory)."""
-        pids = self.host.kernel_pids() if self.host else []
+        host = self.host.state() if self.host else {"live_kernels": 0, "kernel_pids": []}
         state = {"pid": os.getpid(), "started": self.started_at, "updated": time.time(), **self.scheduler.snapshot(),
-                 "live_kernels": len(pids), "kernel_pids": pids}
+                 **host}
         try:
             write_atomic(self.ws.state / "runner.json", json.dumps(state, indent=1), durable=False)
         except OSError:
