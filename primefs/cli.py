@@ -12,11 +12,10 @@ from . import __version__
 from .errors import PrimefsError
 from .goals import write_goal
 from .session import find_session
-from .cliopts import workspace, ws_option
+from .cliopts import ray_address, ray_option, workspace, ws_option
 from .workspace import init_workspace
 
 err = Console(stderr=True, highlight=False)
-RAY_FROM_CONFIG = "<hosts>"  # `run --ray` without an address
 
 
 def _quiet_loop_teardown(unraisable, _default=sys.unraisablehook):
@@ -135,10 +134,7 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
 @main.command()
 @click.option("--once", is_flag=True, help="Exit when no session has work left (default: keep watching).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing while running.")
-@click.option("--ray", "ray", metavar="ADDRESS", is_flag=False, flag_value=RAY_FROM_CONFIG, default=None,
-              help="Run the kernels on the nodes of a Ray cluster at ADDRESS (HOST:PORT; 'auto': the one `ray start` "
-                   "made here; 'local': start one here; none: `hosts:` in primefs.yaml, else auto). Every node needs "
-                   "the workspace mounted at the same path (docs/scale-out.md).")
+@ray_option
 @ws_option
 @click.pass_context
 def run(ctx, once, quiet, ray):
@@ -148,11 +144,7 @@ def run(ctx, once, quiet, ray):
     ws = workspace(ctx)
     log = (lambda m: None) if quiet else (lambda m: err.print(f"[dim]{datetime.now():%H:%M:%S}[/dim] {m}",
                                                             markup=True, highlight=False, soft_wrap=True))
-    if ray == RAY_FROM_CONFIG:
-        ray = (ws.ray_host() or {}).get("address") or "auto"
-    elif ray is not None and not ray.strip():
-        raise PrimefsError("--ray needs the address of a Ray cluster (HOST:PORT, auto or local)")
-    Runner(ws, log=log, ray=ray).run(once=once)
+    Runner(ws, log=log, ray=ray_address(ws, ray)).run(once=once)
 
 
 def _pairs(pairs, flag: str, known, number: bool = False) -> dict:

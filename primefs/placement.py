@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .settings import check_resources
+
 RAY_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
 EPS = 1e-9
 
@@ -19,8 +21,10 @@ def ray_names(resources: dict) -> dict:
 
 
 def kernel_needs(defaults: dict, session: dict | None) -> dict:
-    """What one kernel of a session needs: the host's defaults, each key overridden by the session's."""
-    return ray_names({**(defaults or {}), **(session or {})})
+    """What one kernel of a session needs: the host's defaults, each key overridden by the session's
+    (checked again: a session.yaml edited by hand may say `memory: 4G`)."""
+    merged = {**check_resources(defaults or {}, "hosts: resources"), **check_resources(session or {}, "resources")}
+    return ray_names(merged)
 
 
 def describe(need: dict) -> str:

@@ -24,6 +24,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .forkserver import hide_from_same_user
 from .kernelclient import CellResult
 from .kernelhost import KernelSpec
 from .localkernels import LocalKernel, LocalKernelHost
@@ -34,6 +35,7 @@ MAX_THREADS = 4096  # created only when needed: one per running cell or pending 
 
 class NodeKernels:
     def __init__(self, workspace: str, node_id: str):
+        hide_from_same_user()  # it holds every token of this node's kernels, which run as the same user
         self.workspace = Path(workspace)
         self.node_id = node_id
         # sockets on the node's own disk, never on the shared workspace (unix sockets do not cross NFS)

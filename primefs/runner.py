@@ -23,6 +23,7 @@ from .agent import Agent
 from .bell import Bell
 from .control import REFINE_FILE, STOP_FILE
 from .errors import PrimefsError
+from .forkserver import hide_from_same_user
 from .fsutil import NAME_RE, write_atomic
 from .gateway import ModelGateway
 from .gitops import Committer
@@ -40,17 +41,6 @@ from .workspace import Workspace
 
 RESCAN_S = 5.0
 STATE_S = 2.0  # how often .primefs/runner.json is refreshed
-
-
-def hide_from_same_user() -> None:
-    """Make this process non-dumpable (Linux): other processes of the same user, the kernels among
-    them, can then no longer read its /proc/<pid>/environ (API keys) or attach to it. No effect for root."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except Exception:  # not Linux, or no prctl: nothing to do
-        pass
 
 
 def raise_fd_limit() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -50,6 +51,40 @@ def node_of(cluster, worker: str) -> str:
 
 def outputs(s):
     return [c["output"] + (c.get("error") or "") for c in s.events("cell")]
+
+
+def test_the_ray_host_behind_the_kernel_host_seam(ws, cluster, tmp_path):
+    from primefs.kernelhost import KernelSpec
+    from primefs.raykernels import RayKernelHost
+
+    calls = []
+
+    def handler(sid, op, args):
+        calls.append((sid, op, args))
+        return f"ok from {sid}"
+
+    host = RayKernelHost(cluster.address, ws.root, handler, resources={"worker": 1})
+    try:
+        a = host.start(KernelSpec("sa", ws.root, resources={"w1": 1}))
+        b = host.start(KernelSpec("sb", ws.root, resources={"w2": 1}))
+        assert a.node.startswith(node_of(cluster, "w1")) and b.node.startswith(node_of(cluster, "w2"))
+        assert a.describe() == {"pid": a.pid, "node": a.node, "host": "ray"} and a.token != b.token
+        # send() is answered by the handler: through the node's socket, its actor and Ray
+        out = a.execute("import os\nrows = [1, 2, 3]\nprint(os.getcwd(), send('parent', 'hi'))").output
+        assert out == f"{ws.root} ok from sa\n"
+        assert calls == [("sa", "send", {"to": "parent", "text": "hi"})]
+        assert a.evaluate("sum(rows)") == "6"
+        snap = tmp_path / "snap"
+        assert a.snapshot(snap, 10**6, "test")["saved"][0]["name"] == "rows"
+        assert b.restore(snap)["restored"] == ["rows"] and b.evaluate("rows") == "[1, 2, 3]"
+        started = time.monotonic()
+        res = b.execute("import time\ntime.sleep(30)", timeout=0.5, on_timeout=lambda: calls.append("timeout"))
+        assert res.timed_out and not res.died and "KeyboardInterrupt" in res.error and calls[-1] == "timeout"
+        assert time.monotonic() - started < 5 and b.alive()
+        a.shutdown()
+        assert not a.alive() and b.alive() and host.state()["live_kernels"] == 1
+    finally:
+        host.close()
 
 
 def test_sessions_pinned_to_a_node_and_shown_there(ws, cluster):
