@@ -348,6 +348,7 @@ def runner_cmd(ctx, as_json):
         "state_age_s": round(now - info["updated"], 1) if info["updated"] else None,
         "live_kernels": state.get("live_kernels"),
         "kernel_pids": state.get("kernel_pids") or [],
+        "nodes": state.get("nodes"),  # kernels on a Ray cluster: per node, its kernels (none: this machine)
         "active_sessions": state.get("active_sessions") or [],
         "waiting_sessions": state.get("waiting_sessions") or [],
         "queued_sessions": state.get("queued_sessions") or [],
@@ -365,6 +366,8 @@ def runner_cmd(ctx, as_json):
     else:
         lines.append(f"state: updated {human_age(out['state_age_s'])} ago")
         lines.append(f"live kernels: {out['live_kernels']}")
+        for n in out["nodes"] or []:
+            lines.append(f"  Ray node {n['node']}: " + (f"lost ({n['lost']})" if n["lost"] else f"{n['kernels']} kernel(s)"))
         for key in ("active", "waiting", "queued"):
             ids = out[f"{key}_sessions"]
             lines.append(f"{key} sessions: {len(ids)}" + (f": {', '.join(_session_labels(ws, ids))}" if ids else ""))

@@ -48,8 +48,9 @@ class Node:
     kernels: int = 0
 
     def fits(self, need: dict, *, empty: bool = False) -> bool:
-        """The kernel fits next to what runs here now (or, with `empty`, on the node alone)."""
-        return all((0.0 if empty else self.used.get(k, 0.0)) + v <= self.total.get(k, 0.0) + EPS
+        """The kernel fits next to what runs here now (or, with `empty`, on the node alone). A node without
+        CPUs gets no kernel (`ray start --num-cpus=0` is how Ray keeps work off a head node)."""
+        return self.total.get("CPU", 0.0) > 0 and all((0.0 if empty else self.used.get(k, 0.0)) + v <= self.total.get(k, 0.0) + EPS
                    for k, v in need.items())
 
     def load(self, need: dict) -> float:
@@ -83,4 +84,4 @@ def never_fits(nodes: list[Node], need: dict) -> str | None:
     if any(n.fits(need, empty=True) for n in nodes):
         return None
     have = "; ".join(f"{n.name}: {describe(n.total)}" for n in nodes) or "no usable node"
-    return f"no node of the Ray cluster has {describe(need)} for one kernel ({have})"
+    return f"no node of the Ray cluster has {describe(need)} for one kernel and CPUs ({have})"

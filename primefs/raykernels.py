@@ -293,6 +293,8 @@ class RayKernelHost(KernelHost):
                     self.cond.notify_all()
                 if isinstance(exc, self.ray.exceptions.RayTaskError):
                     raise RuntimeError(f"kernel start on node {rn.name} failed: {exc.cause}") from None
+                if isinstance(exc, self.ray.exceptions.GetTimeoutError):  # a busy node, not a lost one
+                    raise RuntimeError(f"kernel start on node {rn.name} took over {START_TIMEOUT_S:g} s") from None
                 self.suspect(rn)
                 continue
             k = RayKernel(self, rn, spec.session_id, info["token"], int(info["pid"]), need)

@@ -29,11 +29,12 @@ def test_least_loaded_node_that_fits():
     assert a.used["CPU"] == 1.0 and a.kernels == 1
 
 
-def test_kernels_asking_for_nothing_spread_evenly():
+def test_kernels_asking_for_nothing_spread_evenly_but_not_to_nodes_without_cpus():
     a, b = nodes()
+    head = Node("h", "h", {"memory": 8e9})  # `ray start --head --num-cpus=0`
     for _ in range(10):
-        choose([a, b], {}).take({})
-    assert (a.kernels, b.kernels) == (5, 5)
+        choose([head, a, b], {}).take({})
+    assert (head.kernels, a.kernels, b.kernels) == (0, 5, 5)
 
 
 def test_full_is_not_never():
@@ -44,7 +45,7 @@ def test_full_is_not_never():
     b.take(big)
     assert choose([a, b], big) is None and never_fits([a, b], big) is None
     why = never_fits([a, b], kernel_needs({"num_cpus": 1}, {"memory": "16G", "num_cpus": 2}))
-    assert why.startswith("no node of the Ray cluster has CPU=2, memory=16GiB for one kernel")
+    assert why.startswith("no node of the Ray cluster has CPU=2, memory=16GiB for one kernel and CPUs")
 
 
 def test_session_resources_override_the_hosts_defaults():
