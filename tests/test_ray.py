@@ -101,7 +101,7 @@ def test_sessions_pinned_to_a_node_and_shown_there(ws, cluster):
     assert s["two"].events("kernel")[0]["node"] == s["two"].meta["node"]
     assert outputs(s["one"]) == [f"{ws.root}\n"]  # kernels work in the (shared) workspace
     assert s["nowhere"].status == "failed"
-    assert "no node of the Ray cluster has gpu_a100=1 for one kernel" in s["nowhere"].meta["error"]
+    assert "no node of the Ray cluster has gpu_a100=1, worker=1 for one kernel" in s["nowhere"].meta["error"]
     from primefs.cli import main
 
     out = CliRunner().invoke(main, ["-w", str(ws.root), "status", "--json"])
