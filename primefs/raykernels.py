@@ -185,7 +185,8 @@ class RayKernelHost(KernelHost):
         """Read the cluster's nodes: an actor on each new one; nodes that left are lost."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        alive = {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive")}
+        # Nodes without CPUs get no kernels (placement.py): no actor, no fork server there either
+        alive = {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0}
         with self.cond:
             if self.closed:
                 return
