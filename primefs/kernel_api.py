@@ -221,8 +221,8 @@ def setup(ns: dict, *, sock: str, token: str, session_id: str, context_paths: li
                 json.dumps(context)
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"rlm(context=...) must be str or JSON-able data: {exc}") from None
-        extra = {} if resources is None else {"resources": resources}  # only when given: older runners lack it
-        info = link("spawn", task=str(task), name=name, model=model, context=context, agent=agent, **extra)
+        info = link("spawn", task=str(task), name=name, model=model, context=context, agent=agent,
+                    resources=resources)
         return Handle(link, info["id"], info["name"])
 
     def wait_all(handles: list[Handle], timeout: float | None = None) -> list[str]:

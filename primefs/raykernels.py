@@ -108,7 +108,8 @@ class RayKernel(KernelHandle):
         if isinstance(exc, self.host.ray.exceptions.RayActorError):
             self.host.suspect(self.rn)
             return self.lost or f"its node {self.node} cannot be reached"
-        return f"{type(exc).__name__}: {exc}"
+        cause = getattr(exc, "cause", None) or exc  # a RayTaskError's text is the whole remote traceback
+        return f"{type(cause).__name__}: {cause}"
 
     def evaluate(self, expr: str, timeout: float = 60.0) -> str:
         ray = self.host.ray
