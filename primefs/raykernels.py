@@ -258,10 +258,8 @@ class RayKernelHost(KernelHost):
             rn.ready = True
             self.cond.notify_all()
         while not self.closed and not rn.lost:
-            try:
-                batch = ray.get(rn.actor.poll.remote(POLL_S), timeout=POLL_S + CALL_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                continue
+            try:  # no timeout: a poll given up on could still take requests off the queue, and lose them
+                batch = ray.get(rn.actor.poll.remote(POLL_S))
             except ray.exceptions.ActorUnavailableError:  # perhaps for a moment: the node list decides
                 time.sleep(0.2)
                 continue
