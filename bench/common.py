@@ -88,12 +88,13 @@ class PeakMemory:
         self._t.join()
 
 
-def run_cli(ws: Workspace, *args: str) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Run `primefs ARGS` as a fresh process; returns (wall seconds, peak PSS MiB, result)."""
+def run_cli(ws: Workspace, *args: str, memory_of: int | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Run `primefs ARGS` as a fresh process; returns (wall seconds, peak PSS MiB, result). The memory is
+    that of the process and its descendants, or of `memory_of` and its descendants when given."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with PeakMemory(proc.pid) as mem:
+    with PeakMemory(memory_of or proc.pid) as mem:
         out, err = proc.communicate()
     return time.monotonic() - started, mem.peak, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

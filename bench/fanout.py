@@ -3,15 +3,21 @@
 Reports, per N: wall time of `primefs run --once` (process start to exit), time to the first child
 cell, peak memory (PSS of the runner and all its kernels), and harness overhead per step.
 With --resident: a runner (`primefs run`) is already running; the time from the goal file to the
-root's answer.
+root's answer. With --ray: the same fan-outs with the kernels on a local 3-node Ray cluster (a head
+and two workers, started here), each size also run on the local host beside it; memory is then that
+of everything (this process, the cluster's processes, the runner and all kernels). Ray must keep to
+loopback, so run it in a network namespace that has only loopback (docs/scale-out.md):
 
     python bench/fanout.py            # N = 10 50 200
     python bench/fanout.py 20 50      # chosen sizes
     python bench/fanout.py --resident 20
+    unshare -n sh -c 'ip link set lo up && exec python bench/fanout.py --ray 50 200'   # as root; else unshare -rn
 """
 from __future__ import annotations
 
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -38,11 +44,14 @@ rules:
 """
 
 
-def run(n: int, cap: int | None = None) -> dict:
+def run(n: int, cap: int | None = None, ray: str | None = None) -> dict:
     ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": cap} if cap else None)
     (ws.root / "n.txt").write_text(str(n))
     (ws.goals / "fan.md").write_text("Fan out to children\n")
-    wall, peak, r = run_cli(ws, "run", "--once", "--quiet")
+    if ray:
+        wall, peak, r = run_cli(ws, "run", "--once", "--quiet", "--ray", ray, memory_of=os.getpid())
+    else:
+        wall, peak, r = run_cli(ws, "run", "--once", "--quiet")
     if r.returncode != 0:
         raise SystemExit(r.stderr)
     sessions = list_sessions(ws.sessions)
@@ -53,7 +62,11 @@ def run(n: int, cap: int | None = None) -> dict:
     t_spawn = root.events("spawn")[0]["ts"]
     first_cell = min(c.events("cell")[0]["ts"] - c.events("cell")[0]["elapsed_s"] for c in children)
     overheads = [o for s in sessions for o in step_overheads(s.events())]
-    return {"n": n, "cap": cap or ws.limits()["max_concurrent_sessions"], "wall_s": round(wall, 2),
+    nodes = {}
+    for c in children:
+        nodes[c.meta.get("node") or "local"] = nodes.get(c.meta.get("node") or "local", 0) + 1
+    return {"n": n, "host": "ray" if ray else "local", "children_per_node": nodes,
+            "cap": cap or ws.limits()["max_concurrent_sessions"], "wall_s": round(wall, 2),
             "first_child_cell_after_spawn_s": round(first_cell - t_spawn, 3),
             "peak_pss_mib": round(peak), "overhead_per_step_ms_median": round(statistics.median(overheads) * 1000, 1),
             "overhead_per_step_ms_p90": round(sorted(overheads)[int(len(overheads) * 0.9)] * 1000, 1),
@@ -84,9 +97,38 @@ def resident(n: int, repeats: int = 3) -> dict:
             "median_s": round(statistics.median(times), 2)}
 
 
+def local_cluster():
+    """A head (no CPUs: no kernel goes there) and two workers with 2 CPUs each, on this machine."""
+    if [name for _, name in socket.if_nameindex()] != ["lo"]:
+        raise SystemExit("--ray starts a Ray cluster here: run it in a loopback-only network namespace, e.g.\n"
+                         "  unshare -n sh -c 'ip link set lo up && exec python bench/fanout.py --ray 50 200'")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for name in ("w1", "w2"):
+        cluster.add_node(num_cpus=2, resources={name: 1000})
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def versus(sizes: list[int]) -> None:
+    """Each size on the local host, then on the local 3-node Ray cluster."""
+    cluster = local_cluster()
+    try:
+        for n in sizes:
+            print(json.dumps(run(n)), flush=True)
+            print(json.dumps(run(n, ray=cluster.address)), flush=True)
+    finally:
+        cluster.shutdown()
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     live = "--resident" in args
-    sizes = [int(a) for a in args if a != "--resident"] or ([20] if live else [10, 50, 200])
-    for n in sizes:
+    on_ray = "--ray" in args
+    sizes = [int(a) for a in args if not a.startswith("--")] or ([20] if live else [50, 200] if on_ray else [10, 50, 200])
+    if on_ray:
+        versus(sizes)
+    for n in [] if on_ray else sizes:
         print(json.dumps(resident(n) if live else run(n)), flush=True)

@@ -51,7 +51,8 @@ class Agent:
         self.settings = ws.resolve_model(meta["model"])
         self.tool_mode = self.settings["tool_mode"]
         self.limits = ws.limits(meta.get("limits") or {})
-        self.kernel = SessionKernel(host, self._kernel_spec, session.dir / "kernel", self.limits, self.record)
+        self.kernel = SessionKernel(host, self._kernel_spec, session.dir / "kernel", self.limits, self.record,
+                                    on_start=self.placed)
         self.had_kernel = False  # a kernel of this session ran before (an earlier runner, or evicted)
         self.evicted = False  # its kernel was shut down while the session was idle
         self.warned: set[str] = set()  # harness problems already recorded in this session's history
@@ -121,7 +122,9 @@ class Agent:
         if self.kernel.running():
             return
         why = None
-        if self.evicted:
+        if self.kernel.handle is not None and self.kernel.handle.lost:
+            why = self.kernel.handle.lost  # e.g. its node was lost while the session was idle
+        elif self.evicted:
             why = "it was shut down while the session was idle"
         elif self.had_kernel:
             why = "the runner restarted"
@@ -129,6 +132,11 @@ class Agent:
         self.had_kernel, self.evicted = True, False
         if notice:
             self.record("notice", text=notice)
+
+    def placed(self, node: str) -> None:
+        """session.yaml `node`: where the session's kernel runs (`primefs status`); absent while local."""
+        if node != (self.session.meta.get("node") or "local"):
+            self.session.update(node=node)
 
     def cell_ended(self) -> None:
         with self.bell.cond:

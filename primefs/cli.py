@@ -12,7 +12,7 @@ from . import __version__
 from .errors import PrimefsError
 from .goals import write_goal
 from .session import find_session
-from .cliopts import workspace, ws_option
+from .cliopts import ray_address, ray_option, workspace, ws_option
 from .workspace import init_workspace
 
 err = Console(stderr=True, highlight=False)
@@ -134,16 +134,17 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
 @main.command()
 @click.option("--once", is_flag=True, help="Exit when no session has work left (default: keep watching).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing while running.")
+@ray_option
 @ws_option
 @click.pass_context
-def run(ctx, once, quiet):
+def run(ctx, once, quiet, ray):
     """Run the agents in the foreground: pick up goals, deliver mail, run turns. Ctrl-C stops."""
     from .runner import Runner
 
     ws = workspace(ctx)
     log = (lambda m: None) if quiet else (lambda m: err.print(f"[dim]{datetime.now():%H:%M:%S}[/dim] {m}",
                                                             markup=True, highlight=False, soft_wrap=True))
-    Runner(ws, log=log).run(once=once)
+    Runner(ws, log=log, ray=ray_address(ws, ray)).run(once=once)
 
 
 def _pairs(pairs, flag: str, known, number: bool = False) -> dict:

@@ -29,13 +29,14 @@ def session_record(index: UsageIndex, sid: str) -> dict:
     if sid in index.broken:  # shown as broken, with why; its history still counts
         return {"id": sid, "name": None, "parent": None, "depth": 0, "status": "broken", "stop_reason": None,
                 "error": index.broken[sid], "model": None, "goal": None, "created": None, "updated": None,
-                "turns": None, "result": None, "usage": index.own[sid], "tree_usage": index.tree(sid)}
+                "turns": None, "result": None, "node": None, "usage": index.own[sid], "tree_usage": index.tree(sid)}
     s = index.sessions[sid]
     m = s.meta
     return {"id": s.id, "name": m.get("name"), "parent": m.get("parent"), "depth": m.get("depth", 0),
             "status": m.get("status"), "stop_reason": m.get("stop_reason"), "error": m.get("error"),
             "model": m.get("model"), "goal": m.get("goal"), "created": m.get("created"),
             "updated": m.get("updated"), "turns": len(s.events("turn_start")), "result": s.read_result(),
+            "node": m.get("node"),  # the Ray node of its kernel (None: this machine)
             "usage": index.own[sid], "tree_usage": index.tree(sid)}
 
 
@@ -89,6 +90,9 @@ def status(ctx, as_json):
         table.add_column("session", no_wrap=True)
         table.add_column("name", max_width=24, overflow="ellipsis")
         table.add_column("status", no_wrap=True)
+        nodes = any(r["node"] for r in records)  # kernels on Ray nodes: where each session's runs
+        if nodes:
+            table.add_column("node", no_wrap=True)
         for col in ("turns", "tokens", "cost $"):
             table.add_column(col, justify="right", no_wrap=True)
         table.add_column("goal / result", overflow="fold", ratio=1)
@@ -96,8 +100,10 @@ def status(ctx, as_json):
             tu = r["tree_usage"]
             state = r["status"] + (f" ({r['stop_reason']})" if r["stop_reason"] and r["status"] != "done" else "")
             detail = r["error"] if r["status"] in ("failed", "broken") else (r["result"] or r["goal"] or "")
-            table.add_row("  " * int(r["depth"] or 0) + r["id"], r["name"] or "", state, str(r["turns"] or "?"),
-                          f"{tu['input_tokens'] + tu['output_tokens']:,}", f"{tu['cost_usd']:.4f}", _short(detail))
+            where = [r["node"] or "local"] if nodes else []
+            table.add_row("  " * int(r["depth"] or 0) + r["id"], r["name"] or "", state, *where,
+                          str(r["turns"] or "?"), f"{tu['input_tokens'] + tu['output_tokens']:,}",
+                          f"{tu['cost_usd']:.4f}", _short(detail))
         out.print(table)
     else:
         out.print("no sessions yet")

@@ -1,9 +1,12 @@
-"""What every CLI module shares: the `-w/--workspace` option and finding the workspace from it."""
+"""What CLI modules share: the `-w/--workspace` option and finding the workspace from it; `--ray`."""
 from __future__ import annotations
 
 import click
 
+from .errors import PrimefsError
 from .workspace import find_workspace
+
+RAY_FROM_CONFIG = "<hosts>"  # `--ray` without an address
 
 
 def _set_workspace(ctx, _param, value):
@@ -19,3 +22,20 @@ ws_option = click.option("-w", "--workspace", metavar="DIR", expose_value=False,
 
 def workspace(ctx: click.Context):
     return find_workspace((ctx.obj or {}).get("workspace"))
+
+
+# `run --ray ADDRESS` and `up --ray ADDRESS`: kernels on a Ray cluster (docs/scale-out.md)
+ray_option = click.option(
+    "--ray", "ray", metavar="ADDRESS", is_flag=False, flag_value=RAY_FROM_CONFIG, default=None,
+    help="Run the kernels on the nodes of a Ray cluster at ADDRESS (HOST:PORT; 'auto': the one `ray start` made "
+         "here; 'local': start one here; none: `hosts:` in primefs.yaml, else auto). Every node needs the "
+         "workspace mounted at the same path (docs/scale-out.md).")
+
+
+def ray_address(ws, value: str | None) -> str | None:
+    """The cluster address `--ray` asks for (None: no --ray)."""
+    if value == RAY_FROM_CONFIG:
+        return (ws.ray_host() or {}).get("address") or "auto"
+    if value is not None and not value.strip():
+        raise PrimefsError("--ray needs the address of a Ray cluster (HOST:PORT, auto or local)")
+    return value

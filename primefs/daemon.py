@@ -28,7 +28,7 @@ UP_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 30.0
 
 
-from .cliopts import workspace, ws_option  # noqa: E402  (shared -w option)
+from .cliopts import ray_address, ray_option, workspace, ws_option  # noqa: E402  (shared options)
 
 
 # -- the lock and the state file --------------------------------------------------------------------
@@ -211,15 +211,17 @@ def _tail(path: Path, since: int = 0, lines: int = 20) -> str:
 @click.command()
 @click.option("--timeout", type=float, default=UP_TIMEOUT_S, show_default=True, metavar="S",
               help="Seconds to wait for the runner to report itself ready.")
+@ray_option
 @ws_option
 @click.pass_context
-def up(ctx, timeout):
+def up(ctx, timeout, ray):
     """Start the runner in the background (like `primefs run`, detached); its output goes to .primefs/runner.log.
 
     Waits until the runner has written .primefs/runner.json, then prints its pid. Refuses if a
     runner already runs in this workspace. Stop it with `primefs down`.
     """
     ws = workspace(ctx)
+    ray = ray_address(ws, ray)
     ws.state.mkdir(exist_ok=True)
     if lock_held(ws):
         pid, _ = read_lock_file(ws)
@@ -230,7 +232,8 @@ def up(ctx, timeout):
         f.write(f"--- primefs up {datetime.now().isoformat(timespec='seconds')} ---\n".encode())
         start_offset = f.tell()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run"], cwd=ws.root,
+        args = ["--ray", ray] if ray else []
+        proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", *args], cwd=ws.root,
                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, close_fds=True)
     deadline = time.monotonic() + timeout
@@ -345,6 +348,7 @@ def runner_cmd(ctx, as_json):
         "state_age_s": round(now - info["updated"], 1) if info["updated"] else None,
         "live_kernels": state.get("live_kernels"),
         "kernel_pids": state.get("kernel_pids") or [],
+        "nodes": state.get("nodes"),  # kernels on a Ray cluster: per node, its kernels (none: this machine)
         "active_sessions": state.get("active_sessions") or [],
         "waiting_sessions": state.get("waiting_sessions") or [],
         "queued_sessions": state.get("queued_sessions") or [],
@@ -362,6 +366,8 @@ def runner_cmd(ctx, as_json):
     else:
         lines.append(f"state: updated {human_age(out['state_age_s'])} ago")
         lines.append(f"live kernels: {out['live_kernels']}")
+        for n in out["nodes"] or []:
+            lines.append(f"  Ray node {n['node']}: " + (f"lost ({n['lost']})" if n["lost"] else f"{n['kernels']} kernel(s)"))
         for key in ("active", "waiting", "queued"):
             ids = out[f"{key}_sessions"]
             lines.append(f"{key} sessions: {len(ids)}" + (f": {', '.join(_session_labels(ws, ids))}" if ids else ""))

@@ -46,6 +46,12 @@ def _prctl(option: int, value: int) -> None:
         pass
 
 
+def hide_from_same_user() -> None:
+    """Make this process non-dumpable (Linux): other processes of the same user, kernels among them, can
+    then not read its memory or /proc/<pid>/environ (API keys, other kernels' tokens). No effect for root."""
+    _prctl(PR_SET_DUMPABLE, 0)
+
+
 def warm() -> None:
     import importlib
 
@@ -144,6 +150,9 @@ def _exit_text(status: int) -> str:
 
 
 def serve() -> None:
+    # A blocked signal mask survives fork and exec: started from a thread that blocks signals (as a Ray
+    # worker's threads do), the kernels would never see the SIGINT of an interrupt.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     warm()
     me = os.getpid()
     kernels: set[int] = set()

@@ -11,11 +11,11 @@ from .errors import PrimefsError
 from .fsutil import check_name, write_new
 from .heartbeat import from_spec
 from .tools import check_selection
-from .settings import check_budget, check_end_conditions, check_limits, check_sandbox
+from .settings import check_budget, check_end_conditions, check_limits, check_resources, check_sandbox
 from .workspace import Workspace
 
 GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
-             "sandbox"}
+             "sandbox", "resources"}
 MAX_CONTEXT_FILES = 10_000
 MAX_PATH_CHARS = 4096
 
@@ -31,7 +31,7 @@ class Goal:
     context: list[str] = field(default_factory=list)
     limits: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
-    control: dict = field(default_factory=dict)  # autonomous, budget, end_conditions, heartbeat, tools
+    control: dict = field(default_factory=dict)  # autonomous, budget, end_conditions, heartbeat, tools, resources
 
 
 def goal_files(ws: Workspace) -> list[Path]:
@@ -85,6 +85,8 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
         control["heartbeat"] = meta["heartbeat"]
     if meta.get("sandbox") is not None:
         control["sandbox"] = check_sandbox(meta["sandbox"], rel) or False
+    if meta.get("resources") is not None:  # what its kernels need from a node (hosts other than local)
+        control["resources"] = check_resources(meta["resources"], f"{rel}: resources")
     if meta.get("model") is not None and not isinstance(meta["model"], str):
         raise PrimefsError(f"{rel}: `model:` must be text, not {type(meta['model']).__name__}")
     model = str(meta.get("model") or ws.default_model())

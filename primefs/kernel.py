@@ -20,10 +20,12 @@ SNAPSHOT_MODES = ("turn", "idle", "off")
 
 
 class SessionKernel:
-    def __init__(self, host: KernelHost, spec: Callable[[], KernelSpec], folder: Path, limits: dict, record):
+    def __init__(self, host: KernelHost, spec: Callable[[], KernelSpec], folder: Path, limits: dict, record,
+                 on_start: Callable[[str], None] = lambda node: None):
         self.host, self.spec, self.folder = host, spec, Path(folder)  # spec: built when a kernel starts
         self.limits = limits
         self.record = record  # history events of the session: kernel started, snapshot, restored
+        self.on_start = on_start  # told the node of each new kernel (the session's `node` in session.yaml)
         self.handle: KernelHandle | None = None
         self.dirty = False  # cells ran since the last snapshot (or restore)
 
@@ -44,6 +46,7 @@ class SessionKernel:
         self.handle = self.host.start(self.spec())
         self.record("kernel", event="restarted" if why else "started", reason=why, pid=self.handle.pid,
                     node=self.handle.node, start_s=round(time.monotonic() - started, 4))
+        self.on_start(self.handle.node)
         return self._restore(why) if why else None
 
     def execute(self, code: str, timeout: float | None, on_timeout=None) -> CellResult:
@@ -51,7 +54,7 @@ class SessionKernel:
         res = self.handle.execute(code, timeout=timeout, on_timeout=on_timeout)
         if res.died:
             res.restarted = True
-            res.notice = self.ensure("it died or would not stop during a cell")
+            res.notice = self.ensure(self.handle.lost or "it died or would not stop during a cell")
         return res
 
     def interrupt(self) -> None:

@@ -210,17 +210,19 @@ def setup(ns: dict, *, sock: str, token: str, session_id: str, context_paths: li
         return link("llm_batch", prompts=[str(p) for p in prompts], model=model)
 
     def rlm(task: str, *, name: str | None = None, model: str | None = None, context=None,
-            agent: str | None = None) -> Handle:
+            agent: str | None = None, resources: dict | None = None) -> Handle:
         """Start a child session on `task` and return its Handle at once (never waits).
 
         `context` (str, or JSON-able dict/list) becomes the child's `context` variable.
+        `resources` ({num_cpus, num_gpus, memory, custom}: what its kernel needs; default: this session's).
         """
         if context is not None and not isinstance(context, str):
             try:
                 json.dumps(context)
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"rlm(context=...) must be str or JSON-able data: {exc}") from None
-        info = link("spawn", task=str(task), name=name, model=model, context=context, agent=agent)
+        info = link("spawn", task=str(task), name=name, model=model, context=context, agent=agent,
+                    resources=resources)
         return Handle(link, info["id"], info["name"])
 
     def wait_all(handles: list[Handle], timeout: float | None = None) -> list[str]:

@@ -4,7 +4,7 @@ A host starts kernels, one per session (a session keeps its kernel for life and 
 gives each kernel a token that is never reused, and serves the kernels' requests to the runner: it
 checks who is calling and passes on only (session id, op, args) of a caller it verified. A handle
 runs cells, interrupts, snapshots and restores the user namespace, shuts the kernel down and says
-whether it lives. Local processes now (localkernels.py); other hosts plug in behind the same interface.
+whether it lives. Local processes (localkernels.py) or the nodes of a Ray cluster (raykernels.py).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class KernelHandle(ABC):
     token: str
     pid: int
     node: str = "local"
+    lost: str | None = None  # why the host knows the kernel is gone (e.g. its node was lost), if it does
 
     @abstractmethod
     def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult: ...
@@ -79,4 +80,10 @@ class KernelHost(ABC):
         """Shut every kernel down and stop serving requests."""
 
     def kernel_pids(self) -> list[int]:
+        """Pids of the kernels on this machine (for memory figures)."""
         return []
+
+    def state(self) -> dict:
+        """What `primefs runner` shows of the host (written to .primefs/runner.json)."""
+        pids = self.kernel_pids()
+        return {"live_kernels": len(pids), "kernel_pids": pids}

@@ -309,6 +309,9 @@ class AgentsView:
         table.add_column("session", no_wrap=True)
         table.add_column("name", no_wrap=True, max_width=28, overflow="ellipsis")
         table.add_column("status", no_wrap=True)
+        nodes = any(self.sessions[sid].meta.get("node") for sid in order)  # kernels on Ray nodes
+        if nodes:
+            table.add_column("node", no_wrap=True)
         for col in ("turns", "tokens", "cost $"):
             table.add_column(col, justify="right", no_wrap=True)
         table.add_column("last event", no_wrap=True)
@@ -334,8 +337,9 @@ class AgentsView:
             age = human_age(now - last["ts"]) if last.get("ts") else ""
             total_tokens += tr.tokens
             total_cost += tr.cost
+            where = [Text(str(m.get("node") or "local"))] if nodes else []
             table.add_row(Text("  " * int(m.get("depth") or 0) + sid), Text(str(m.get("name") or "")),
-                          Text(label, style=colors.get(status, "")), str(tr.turns), f"{tr.tokens:,}",
+                          Text(label, style=colors.get(status, "")), *where, str(tr.turns), f"{tr.tokens:,}",
                           f"{tr.cost:.4f}", Text(kind), age)
         if info["running"]:
             head = (f"runner: pid {info['pid']}, {len(state.get('active_sessions') or [])} active, "

@@ -27,6 +27,16 @@ class RpcError(Exception):
         self.kind = kind  # the runner-side exception type name
 
 
+def error_reply(exc: Exception) -> dict:
+    """The reply for a request that raised: its message and the name of its type (kept as it was
+    when the error was forwarded from another process, e.g. from the runner through a Ray node)."""
+    if isinstance(exc, RpcError) and exc.kind:
+        kind = exc.kind
+    else:
+        kind = "PrimefsError" if isinstance(exc, PrimefsError) else type(exc).__name__
+    return {"ok": False, "error": str(exc), "type": kind}
+
+
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -53,8 +63,7 @@ class RpcServer:
                                            req.get("args") or {})
                     reply = {"ok": True, "result": result}
                 except Exception as exc:  # becomes an exception in the cell, not a runner crash
-                    kind = "PrimefsError" if isinstance(exc, PrimefsError) else type(exc).__name__
-                    reply = {"ok": False, "error": str(exc), "type": kind}
+                    reply = error_reply(exc)
                 try:
                     self.wfile.write((json.dumps(reply, default=str) + "\n").encode())
                 except OSError:

@@ -23,6 +23,7 @@ from .agent import Agent
 from .bell import Bell
 from .control import REFINE_FILE, STOP_FILE
 from .errors import PrimefsError
+from .forkserver import hide_from_same_user
 from .fsutil import NAME_RE, write_atomic
 from .gateway import ModelGateway
 from .gitops import Committer
@@ -40,17 +41,6 @@ from .workspace import Workspace
 
 RESCAN_S = 5.0
 STATE_S = 2.0  # how often .primefs/runner.json is refreshed
-
-
-def hide_from_same_user() -> None:
-    """Make this process non-dumpable (Linux): other processes of the same user, the kernels among
-    them, can then no longer read its /proc/<pid>/environ (API keys) or attach to it. No effect for root."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except Exception:  # not Linux, or no prctl: nothing to do
-        pass
 
 
 def raise_fd_limit() -> None:
@@ -110,8 +100,9 @@ class OnceLog:
 
 
 class Runner:
-    def __init__(self, ws: Workspace, log=None):
+    def __init__(self, ws: Workspace, log=None, ray: str | None = None):
         self.ws = ws
+        self.ray = ray  # `run --ray ADDRESS`: kernels on that Ray cluster (else `hosts:` decides)
         self.log = OnceLog(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
         self.limits = ws.limits()
         redact.configure(ws.config)  # the keys this workspace names are never written to a file
@@ -158,9 +149,7 @@ class Runner:
         observer = None
         self._handle_sigterm()
         try:
-            from .localkernels import LocalKernelHost
-
-            self.host = LocalKernelHost(self.ws.runtime, self.ws.root, self.services.handle, self.log)
+            self.host = self._kernel_host()
             self.toolbox.start()
             self.turns.committer = Committer(self.ws.root)
             self.recover()
@@ -176,6 +165,20 @@ class Runner:
             if observer is not None:
                 observer.stop()
             self._shutdown()
+
+    def _kernel_host(self):
+        """Local kernels, or kernels on a Ray cluster (`--ray ADDRESS`, or `hosts:` of kind ray)."""
+        ray = self.ws.ray_host()
+        if self.ray or ray:
+            from .raykernels import RayKernelHost
+
+            address = self.ray or ray["address"]
+            self.log(f"kernels on the Ray cluster at {address}")
+            return RayKernelHost(address, self.ws.root, self.services.handle, self.log,
+                                 resources=(ray or {}).get("resources"))
+        from .localkernels import LocalKernelHost
+
+        return LocalKernelHost(self.ws.runtime, self.ws.root, self.services.handle, self.log)
 
     def guarded(self, what: str, fn, *args) -> None:
         """Run one step of the loop (or a watchdog hint); a failure is logged once, never fatal."""
@@ -216,9 +219,9 @@ class Runner:
 
     def write_state(self) -> None:
         """.primefs/runner.json: what `primefs runner` shows (pid, since, kernels, memory)."""
-        pids = self.host.kernel_pids() if self.host else []
+        host = self.host.state() if self.host else {"live_kernels": 0, "kernel_pids": []}
         state = {"pid": os.getpid(), "started": self.started_at, "updated": time.time(), **self.scheduler.snapshot(),
-                 "live_kernels": len(pids), "kernel_pids": pids}
+                 **host}
         try:
             write_atomic(self.ws.state / "runner.json", json.dumps(state, indent=1), durable=False)
         except OSError:

@@ -19,6 +19,7 @@ from .intake import Intake
 from .postoffice import PostOffice
 from .scheduler import Scheduler
 from .session import Session, create_session
+from .settings import check_resources
 from .toolbox import ToolBox
 from .tools import check_selection
 from .tree import SessionTree
@@ -86,7 +87,8 @@ class KernelServices:
         return self.goals.status(agent)
 
     # -- children ---------------------------------------------------------------------------------
-    def op_spawn(self, agent, task: str, name=None, model=None, context=None, agent_spec=None) -> dict:
+    def op_spawn(self, agent, task: str, name=None, model=None, context=None, agent_spec=None,
+                 resources=None) -> dict:
         parent = agent.session
         depth = int(parent.meta.get("depth") or 0) + 1
         max_depth = int(agent.limits["max_depth"])
@@ -119,6 +121,10 @@ class KernelServices:
             extra["tools"] = parent.meta["tools"]
         if "sandbox" in parent.meta:  # a goal's sandbox covers its whole tree
             extra["sandbox"] = parent.meta["sandbox"]
+        if resources is not None:  # what the child's kernel needs from a node; else the parent's needs
+            extra["resources"] = check_resources(resources, "rlm(resources=...)")
+        elif parent.meta.get("resources"):
+            extra["resources"] = parent.meta["resources"]
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
                                extra=extra, files=_context_files(context))
         agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)

@@ -101,6 +101,12 @@ class Workspace:
         limits.update(overrides or {})
         return limits
 
+    def ray_host(self) -> dict | None:
+        """The `kind: ray` entry of `hosts:` in primefs.yaml (address, resources per kernel), if any."""
+        from .settings import check_hosts
+
+        return next((h for h in check_hosts(self.config.get("hosts") or [], CONFIG) if h["kind"] == "ray"), None)
+
     def default_model(self) -> str:
         return os.environ.get("PRIMEFS_MODEL") or self.config.get("model") or "local"
 
