@@ -12,7 +12,7 @@ from rich.table import Table
 from .accounting import UsageIndex, tree_order
 from .cliopts import workspace, ws_option
 from .errors import PrimefsError
-from .goals import goal_files, parse_goal
+from .goals import goal_listing, parse_goal
 from .session import find_session
 
 err = Console(stderr=True, highlight=False)
@@ -54,7 +54,9 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
     conditions = None
     problems = [f"error: harness file skipped: {e.problem}" for e in Harness(ws).list(all_sessions=True) if e.problem]
     problems += [f"error: session broken: {p}" for p in index.problems]
-    for path in goal_files(ws):
+    files, strays = goal_listing(ws)
+    problems += [f"error: {stray}" for stray in strays]
+    for path in files:
         rel = path.relative_to(ws.root).as_posix()
         if rel in taken:
             continue

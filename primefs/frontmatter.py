@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,19 @@ def check_shape(data, label: str) -> Any:
     return data
 
 
+def _flow_depth(raw: str) -> int:
+    """How deep [ and { nest (quotes not considered: an overestimate, which only errs on the safe side)."""
+    depth = best = 0
+    for ch in re.findall(r"[\[\]{}]", raw):
+        depth = depth + 1 if ch in "[{" else max(0, depth - 1)
+        best = max(best, depth)
+    return best
+
+
 def _load(raw: str, label: str, safe: bool, line_offset: int):
+    # ruamel takes minutes on a few thousand nested [ (found by fuzzing): refuse before parsing
+    if _flow_depth(raw) > 2 * MAX_DEPTH:
+        raise FileProblem(f"{label}: nested deeper than {MAX_DEPTH} levels")
     try:
         data = (YAML(typ="safe") if safe else yaml_rt()).load(raw)
     except YAMLError as exc:

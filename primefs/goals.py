@@ -11,7 +11,7 @@ from .errors import PrimefsError
 from .fsutil import check_name, write_new
 from .heartbeat import from_spec
 from .tools import check_selection
-from .settings import check_budget, check_end_conditions, check_limits, check_resources, check_sandbox
+from .settings import check_budget, check_end_conditions, check_limits, check_resources, check_sandbox, kind_of
 from .workspace import Workspace
 
 GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
@@ -35,9 +35,24 @@ class Goal:
 
 
 def goal_files(ws: Workspace) -> list[Path]:
+    return goal_listing(ws)[0]
+
+
+def goal_listing(ws: Workspace) -> tuple[list[Path], list[str]]:
+    """(goal files, what else is in goals/ and is not a goal: said to the user, never a task).
+    Names starting with '.' (editors' temporary files) are left alone."""
     if not ws.goals.is_dir():
-        return []
-    return sorted(p for p in ws.goals.iterdir() if p.suffix == ".md" and not p.name.startswith(".") and p.is_file())
+        return [], []
+    files, strays = [], []
+    for p in sorted(ws.goals.iterdir()):
+        if p.name.startswith("."):
+            continue
+        if p.suffix == ".md" and p.is_file():
+            files.append(p)
+        else:
+            what = "a folder" if p.is_dir() else "not a .md file" if p.suffix != ".md" else "not a regular file"
+            strays.append(f"goals/{p.name}: ignored, {what} (a goal is a goals/<name>.md file)")
+    return files, strays
 
 
 def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goal:
@@ -55,7 +70,7 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
         raise PrimefsError(f"{rel}: the goal has no task text (the body after the front matter is empty)")
     name = meta.get("name") or path.stem
     if not isinstance(name, str):
-        raise PrimefsError(f"{rel}: `name:` must be text, not {type(name).__name__}")
+        raise PrimefsError(f"{rel}: `name:` must be text, not {kind_of(name)}")
     check_name(name, f"goal name in {rel}")
     context = meta.get("context") or []
     if isinstance(context, str):
@@ -88,7 +103,7 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
     if meta.get("resources") is not None:  # what its kernels need from a node (hosts other than local)
         control["resources"] = check_resources(meta["resources"], f"{rel}: resources")
     if meta.get("model") is not None and not isinstance(meta["model"], str):
-        raise PrimefsError(f"{rel}: `model:` must be text, not {type(meta['model']).__name__}")
+        raise PrimefsError(f"{rel}: `model:` must be text, not {kind_of(meta['model'])}")
     model = str(meta.get("model") or ws.default_model())
     try:
         settings = ws.resolve_model(model)

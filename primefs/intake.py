@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import heartbeat
 from .errors import PrimefsError
-from .goals import goal_files, parse_goal
+from .goals import goal_listing, parse_goal
 from .postoffice import PostOffice
 from .scheduler import Scheduler
 from .session import Session, create_session
@@ -28,7 +28,10 @@ class Intake:
     # -- goals ------------------------------------------------------------------------------------
     def scan_goals(self) -> None:
         with self._lock:
-            for path in goal_files(self.ws):
+            files, strays = goal_listing(self.ws)
+            for stray in strays:
+                self.log(f"goal error: {stray}")  # said once
+            for path in files:
                 rel = path.relative_to(self.ws.root).as_posix()
                 if rel not in self.claimed:
                     try:

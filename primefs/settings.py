@@ -52,10 +52,19 @@ def number(value, where: str, kind: str, low, high):
     return value
 
 
+def kind_of(value) -> str:
+    """What a YAML value is, in the user's words (not ruamel's class names)."""
+    for types, word in ((bool, "true/false"), (dict, "a mapping"), ((list, tuple), "a list"), (str, "text"),
+                        ((int, float), "a number")):
+        if isinstance(value, types):
+            return word
+    return "nothing" if value is None else type(value).__name__
+
+
 def check_limits(limits, where: str) -> dict:
     """Known keys, finite numbers in range (or one of the choices). Returns the checked values."""
     if not isinstance(limits, dict):
-        raise PrimefsError(f"{where}: `limits:` must be a mapping of limit: value, not {type(limits).__name__}")
+        raise PrimefsError(f"{where}: `limits:` must be a mapping of limit: value, not {kind_of(limits)}")
     out = {}
     for key, value in limits.items():
         if key in RETIRED:

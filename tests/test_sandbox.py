@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import sysconfig
 import textwrap
 from pathlib import Path
