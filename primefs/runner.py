@@ -37,6 +37,7 @@ from .toolbox import ToolBox
 from .session import Session, broken_goal_line, list_sessions
 from .tree import SessionTree
 from .turns import Turns
+from .watcher import watch
 from .workspace import Workspace
 
 RESCAN_S = 5.0
@@ -156,7 +157,7 @@ class Runner:
             self.guarded("heartbeats", self.intake.tick_heartbeats)  # ticks missed meanwhile: one message each
             self.guarded("scan", self.scan)
             if not once:
-                observer = self._watch()
+                observer = watch(self.ws, lambda path: self.guarded("a file event", self.hint, path))
             self._loop(once)
         except KeyboardInterrupt:
             self.log("stopping: sessions that were running resume when a runner starts again")
@@ -248,34 +249,6 @@ class Runner:
             pass
         if self.lock:
             self.lock.release()
-
-    def _watch(self):
-        import warnings
-
-        from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileClosedEvent,
-                                     FileCreatedEvent, FileDeletedEvent, FileMovedEvent, FileSystemEventHandler)
-        from watchdog.observers import Observer
-
-        # watchdog warns when a new folder's watch is added twice (harmless: events are hints)
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"watchdog\..*")
-        runner = self
-
-        class Hint(FileSystemEventHandler):
-            def on_any_event(self, event):
-                path = getattr(event, "dest_path", "") or event.src_path
-                runner.guarded("a file event", runner.hint, Path(os.fsdecode(path)))
-
-        # Files appearing, renamed, closed after writing or removed: not opens, reads or appends (the
-        # runner reads and appends all the time; those events would cost more than the work itself).
-        changes = [FileCreatedEvent, FileMovedEvent, FileClosedEvent, FileDeletedEvent, DirCreatedEvent,
-                   DirMovedEvent, DirDeletedEvent]
-        observer = Observer()
-        observer.schedule(Hint(), str(self.ws.goals), recursive=False, event_filter=changes)
-        observer.schedule(Hint(), str(self.ws.harness), recursive=True, event_filter=changes)
-        observer.schedule(Hint(), str(self.ws.sessions), recursive=True, event_filter=changes)
-        observer.daemon = True
-        observer.start()
-        return observer
 
     def hint(self, path: Path) -> None:
         """A watchdog event: look at that goal, mailbox or request now (the listing decides)."""
