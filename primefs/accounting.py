@@ -3,45 +3,28 @@
 `own` sums a session's `model_call` events; `tree` sums own over the session and all its
 descendants (found through `parent` in session.yaml), so nothing is counted twice or missed,
 whatever state the children ended in. `wall_s` is time spent in turns (summed over a tree).
+Sums come from each session's summary (summary.py: kept current with its history, exactly a
+recount), found through the index (index.py); no history is read whole.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
 
-from .errors import PrimefsError
-from .history import iter_events
-from .session import Session, list_sessions, subtree
+from . import summary as summaries
+from .index import Index
+from .session import Session, subtree
+from .summary import META
 
 FIELDS = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
 
 
 def zero() -> dict:
-    return {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "wall_s": 0.0,
-            "cost_unknown_calls": 0, "tool_calls": 0, "tools": {}}
+    return summaries.zero_usage()
 
 
 def own_usage(session: Session) -> dict:
-    u = zero()
-    for e in iter_events(session.dir / "history.jsonl"):
-        t = e.get("type")
-        if t == "model_call":
-            u["calls"] += 1
-            u["input_tokens"] += int(e.get("input_tokens") or 0)
-            u["output_tokens"] += int(e.get("output_tokens") or 0)
-            u["cost_usd"] += float(e.get("cost_usd") or 0.0)
-            u["cost_unknown_calls"] += 0 if e.get("cost_known") else 1
-        elif t == "turn_end":
-            u["wall_s"] += float(e.get("elapsed_s") or 0.0)
-        elif t == "tool_call":
-            u["tool_calls"] += 1
-            per = u["tools"].setdefault(str(e.get("name")), {"calls": 0, "errors": 0, "seconds": 0.0})
-            per["calls"] += 1
-            per["errors"] += 1 if e.get("error") else 0
-            per["seconds"] = round(per["seconds"] + float(e.get("duration_s") or 0.0), 4)
-    u["cost_usd"] = round(u["cost_usd"], 10)
-    u["wall_s"] = round(u["wall_s"], 4)
-    return u
+    return summaries.usage(session.summary())
 
 
 def add(a: dict, b: dict) -> dict:
@@ -62,25 +45,39 @@ def add(a: dict, b: dict) -> dict:
     return out
 
 
-class UsageIndex:
-    """Own and tree usage for every session of a workspace, read once."""
+class Entry:
+    """A session as the index has it: `id`, `meta` (the session.yaml fields status shows), `row`
+    (turns, result, usage, last event: index.py)."""
 
-    def __init__(self, sessions_dir: Path):
-        self.sessions, self.problems = {}, []
+    __slots__ = ("id", "meta", "row")
+
+    def __init__(self, row: dict):
+        self.id, self.row = row["id"], row
+        self.meta = {"id": row["id"], **{k: row[k] for k in META}}
+
+
+class UsageIndex:
+    """Own and tree usage of every session of a workspace, or of one tree (`root`), from the index."""
+
+    def __init__(self, sessions_dir: Path, root: str | None = None):
+        index = Index(Path(sessions_dir).parent)
+        try:
+            self.rows = index.tree(root) if root else index.sync()
+        finally:
+            index.close()
+        self.sessions: dict[str, Entry] = {}
+        self.problems: list[str] = []
         self.broken: dict[str, str] = {}  # id -> why its session.yaml cannot be used (shown, not fatal)
-        for s in list_sessions(sessions_dir):
-            try:
-                s.meta
-                self.sessions[s.id] = s
-            except (PrimefsError, OSError) as exc:
-                self.problems.append(str(exc))
-                self.broken[s.id] = str(exc)
+        for sid, row in self.rows.items():
+            if row["broken"]:
+                self.problems.append(row["broken"])
+                self.broken[sid] = row["broken"]
+            else:
+                self.sessions[sid] = Entry(row)
         self.children: dict[str | None, list[str]] = defaultdict(list)
         for sid, s in self.sessions.items():
             self.children[s.meta.get("parent")].append(sid)
-        self.own = {sid: own_usage(s) for sid, s in self.sessions.items()}
-        for sid in self.broken:  # its history still counts
-            self.own[sid] = own_usage(Session(Path(sessions_dir) / sid))
+        self.own = {sid: row["usage"] for sid, row in self.rows.items()}  # a broken one's history still counts
         self._tree: dict[str, dict] = {}
 
     def tree(self, sid: str) -> dict:

@@ -32,25 +32,22 @@ def session_record(index: UsageIndex, sid: str) -> dict:
                 "turns": None, "result": None, "node": None, "usage": index.own[sid], "tree_usage": index.tree(sid)}
     s = index.sessions[sid]
     m = s.meta
-    return {"id": s.id, "name": m.get("name"), "parent": m.get("parent"), "depth": m.get("depth", 0),
+    return {"id": s.id, "name": m.get("name"), "parent": m.get("parent"), "depth": m.get("depth") or 0,
             "status": m.get("status"), "stop_reason": m.get("stop_reason"), "error": m.get("error"),
             "model": m.get("model"), "goal": m.get("goal"), "created": m.get("created"),
-            "updated": m.get("updated"), "turns": len(s.events("turn_start")), "result": s.read_result(),
+            "updated": m.get("updated"), "turns": s.row["turns"], "result": s.row["result"],
             "node": m.get("node"),  # the Ray node of its kernel (None: this machine)
             "usage": index.own[sid], "tree_usage": index.tree(sid)}
 
 
 def goal_problems(ws, index: UsageIndex) -> list[str]:
     """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line)."""
-    from .plugins import end_conditions, plugin_manager
-    from .session import list_sessions
-
     from .harness import Harness
-
+    from .plugins import end_conditions, plugin_manager
     from .session import broken_goal_line
 
     taken = {s.meta.get("goal") for s in index.sessions.values()}
-    taken |= {broken_goal_line(s.dir / "session.yaml") for s in list_sessions(ws.sessions) if s.id not in index.sessions}
+    taken |= {broken_goal_line(ws.sessions / sid / "session.yaml") for sid in index.broken}
     conditions = None
     problems = [f"error: harness file skipped: {e.problem}" for e in Harness(ws).list(all_sessions=True) if e.problem]
     problems += [f"error: session broken: {p}" for p in index.problems]
@@ -161,7 +158,7 @@ def usage(ctx, session, as_json, as_tree):
     """Tokens, calls, cost and time of a session, and of it with all its descendants."""
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
-    index = UsageIndex(ws.sessions)
+    index = UsageIndex(ws.sessions, root=s.id)
     data = {"session": s.id, "own": index.own[s.id], "tree": index.tree(s.id)}
     if as_json:
         click.echo(json.dumps(data, indent=2))

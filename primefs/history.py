@@ -96,5 +96,43 @@ def iter_events(path: Path) -> Iterator[dict]:
                 continue
 
 
+def iter_lines(f, start: int, end: int, chunk: int = 1 << 22) -> Iterator[tuple[int, bytes]]:
+    """(offset just past the line, the line) for every complete line of an open binary file between
+    `start` (a line start) and `end`; an unterminated last line is not yielded. Reads in chunks, so a
+    history of any size costs little memory."""
+    f.seek(start)
+    pos, rest = start, b""
+    while pos < end:
+        data = f.read(min(chunk, end - pos))
+        if not data:
+            break
+        pos += len(data)
+        data, cut = rest + data, 0
+        base = pos - len(data)
+        while True:
+            i = data.find(b"\n", cut)
+            if i < 0:
+                break
+            yield base + i + 1, data[cut:i + 1]
+            cut = i + 1
+        rest = data[cut:]
+
+
+CHECK_BYTES = 32  # kept from just before a reader's offset: tells an append from a rewrite
+
+
+def check_at(f, offset: int) -> str:
+    """The bytes just before `offset` of an open history (hex): what a reader that stopped there saw."""
+    start = max(0, offset - CHECK_BYTES)
+    f.seek(start)
+    return f.read(offset - start).hex()
+
+
+def still_there(f, offset: int, check: str, size: int) -> bool:
+    """Whether a reader that stopped at `offset` (seeing `check` before it) can go on from there: the
+    file was only appended to since, not cut or rewritten."""
+    return offset <= size and (offset == 0 or check_at(f, offset) == check)
+
+
 def read_events(path: Path, type: str | None = None) -> list[dict]:
     return [e for e in iter_events(path) if type is None or e.get("type") == type]

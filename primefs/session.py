@@ -10,10 +10,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import redact
+from . import summary as summaries
 from .errors import PrimefsError
 from .frontmatter import dump_yaml, load_yaml
 from .fsutil import write_atomic
 from .history import History, read_events
+from .index import Index
 from .settings import STATUSES, check_session_meta
 
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -37,6 +39,7 @@ class Session:
         self._meta_key: tuple | None = None  # (inode, mtime, size) of the session.yaml we parsed
         self._lock = threading.Lock()
         self.history = History(self.dir / "history.jsonl")
+        self._summary: dict | None = None
 
     # -- files ------------------------------------------------------------------------------------
     @property
@@ -78,6 +81,16 @@ class Session:
         if previous != status:
             self.history.append("status", status=status, previous=previous,
                                 **{k: v for k, v in fields.items() if v is not None})
+        self.summary()
+
+    def summary(self, write: bool = True) -> dict:
+        """This session's summary (summary.py), brought up to date with its files and written back if
+        it changed. The copy of session.yaml this object holds is used when it is known to be current."""
+        with self._lock:
+            known = self._meta is not None and self._meta_key is not None
+            self._summary = summaries.fresh(self.dir, self._summary, meta=self._meta if known else None,
+                                            meta_key=self._meta_key if known else None, write=write)
+            return self._summary
 
     @property
     def name(self) -> str:
@@ -157,14 +170,12 @@ def subtree(children: dict, root: str) -> list[str]:
 
 
 def session_names(sessions_dir: Path) -> dict[str, str]:
-    """id -> name of every readable session (a broken session.yaml is left out, not fatal)."""
-    out = {}
-    for s in list_sessions(sessions_dir):
-        try:
-            out[s.id] = s.name
-        except (PrimefsError, OSError):
-            continue
-    return out
+    """id -> name of every readable session (a broken session.yaml is left out, not fatal), from the index."""
+    index = Index(Path(sessions_dir).parent)
+    try:
+        return index.names()
+    finally:
+        index.close()
 
 
 def broken_goal_line(path: Path) -> str | None:
@@ -179,16 +190,14 @@ def broken_goal_line(path: Path) -> str | None:
 
 
 def find_session(sessions_dir: Path, key: str) -> Session:
-    """By id, else by name (the newest session of that name)."""
+    """By id, else by name (the newest session of that name), through the index."""
     if key and "/" not in key and ".." not in key and (sessions_dir / key / "session.yaml").is_file():
         return Session(sessions_dir / key)
-    matches = []
-    for s in list_sessions(sessions_dir):
-        try:
-            if s.meta.get("name") == key:
-                matches.append(s)
-        except (PrimefsError, OSError):  # a broken session.yaml must not hide the healthy sessions
-            continue
-    if not matches:
+    index = Index(Path(sessions_dir).parent)
+    try:
+        sid = index.find(key)
+    finally:
+        index.close()
+    if sid is None or not (sessions_dir / sid / "session.yaml").is_file():
         raise PrimefsError(f"no session with id or name {key!r} (see `primefs status`)")
-    return matches[-1]
+    return Session(sessions_dir / sid)

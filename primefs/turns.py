@@ -144,6 +144,7 @@ class Turns:
         elapsed = round(time.monotonic() - started, 4)
         if outcome == "interrupted":
             agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status="running", stop_reason=None)
+            s.summary()
             self._commit(s, f"turn {turn} interrupted")
             return outcome
         if agent.pending_refine:
@@ -154,6 +155,7 @@ class Turns:
             agent.kernel.snapshot("turn")
         agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status=s.status,
                      stop_reason=s.meta.get("stop_reason"))
+        s.summary()  # summaries are written at turn ends and status changes, not at every event
         self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
         self.report_to_parent(s, turn)
         self.commit_hand_edits()

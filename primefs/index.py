@@ -1,0 +1,280 @@
+"""The index: `.primefs/index.sqlite`, a cache of what the session files say, for questions across
+sessions (every session's status and usage, a tree, a name; events by text, model, date: eventindex.py).
+
+Never the truth: it can be deleted at any time (`primefs reindex` rebuilds it, and any command
+rebuilds what it needs), and a damaged file is replaced by a new one. Each row keeps the stat of the
+files it came from (history.jsonl, session.yaml, result.md): bringing a row up to date costs three
+`stat` calls when nothing changed; a changed session is read from its summary (summary.py), which
+itself reads only what was appended to its history since. Rows of archived sessions (archive.py)
+stay, pointing at their archive file. Several processes may use it at once (WAL; writes wait for
+each other); a write that cannot get the lock in time is skipped: the answer is still right, only the
+next one does the work again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from pathlib import Path
+
+from . import summary as summaries
+from .summary import META, stat_key
+
+VERSION = 1  # PRAGMA user_version: another version is dropped and rebuilt
+FILE = "index.sqlite"
+SCHEMA = """
+CREATE TABLE sessions (
+  key INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL,
+  name TEXT, parent TEXT, depth INTEGER, status TEXT, stop_reason TEXT, error TEXT, model TEXT, goal TEXT,
+  created TEXT, updated TEXT, node TEXT,
+  turns INTEGER, events INTEGER, usage TEXT, last TEXT, last_ts REAL, broken TEXT, result TEXT,
+  keys TEXT,                              -- stat of history.jsonl, session.yaml, result.md the row came from
+  place TEXT NOT NULL DEFAULT '',         -- '' for sessions/<id>/, else the archive file holding it
+  indexed INTEGER NOT NULL DEFAULT 0,     -- bytes of history.jsonl whose events are in `events`
+  indexed_check TEXT NOT NULL DEFAULT ''  -- the bytes before that offset (history.still_there)
+);
+CREATE INDEX sessions_parent ON sessions(parent);
+CREATE INDEX sessions_name ON sessions(name);
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY, session INTEGER NOT NULL, n INTEGER, ts REAL, type TEXT, model TEXT,
+  pos INTEGER NOT NULL, len INTEGER NOT NULL   -- where its line is in the history: files stay the truth
+);
+CREATE INDEX events_session ON events(session, pos);
+CREATE INDEX events_ts ON events(ts);
+CREATE VIRTUAL TABLE events_text USING fts5(text, content='');
+"""
+COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
+BUSY_S = 10.0
+
+
+def broken_database(exc: Exception) -> bool:
+    """A file that is not our database (garbage, cut, another schema): rebuilt. A lock is not damage."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        return "no such" in text or "malformed" in text or "not a database" in text
+    return isinstance(exc, sqlite3.DatabaseError)
+
+
+def read_result(folder: Path) -> str | None:
+    try:
+        return (folder / "result.md").read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+
+
+def session_ids(sessions_dir: Path) -> list[str]:
+    """Folder names under sessions/ that may be sessions (a folder without session.yaml is skipped later)."""
+    try:
+        with os.scandir(sessions_dir) as it:
+            return sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir())
+    except FileNotFoundError:
+        return []
+
+
+class Index:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.sessions_dir = self.root / "sessions"
+        self.path = self.root / ".primefs" / FILE
+        self.lock = threading.RLock()  # one connection, shared by the runner's threads
+        self.db = self._open()
+
+    # -- the database ---------------------------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        for attempt in (0, 1):
+            try:
+                self.path.parent.mkdir(exist_ok=True)
+                db = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None, check_same_thread=False)
+                try:
+                    self._prepare(db)
+                except BaseException:
+                    db.close()
+                    raise
+                return db
+            except sqlite3.DatabaseError as exc:
+                if attempt or not broken_database(exc):
+                    break
+                self.remove_files()
+            except OSError:  # a read-only workspace: a cache in memory, filled again by each command
+                break
+        db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._prepare(db)
+        return db
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("BEGIN IMMEDIATE")  # another process may be creating it too: one does, the other sees it
+            try:
+                if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
+                    for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT "
+                                              "LIKE 'sqlite_%' AND name NOT LIKE 'events_text_%'").fetchall():
+                        db.execute(f'DROP TABLE IF EXISTS "{name}"')
+                    for statement in SCHEMA.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
+                    db.execute(f"PRAGMA user_version={VERSION}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        db.execute("SELECT 1 FROM sessions, events, events_text LIMIT 0")  # damaged tables fail here
+        db.execute("PRAGMA synchronous=NORMAL")
+
+    def remove_files(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.unlink(f"{self.path}{suffix}")
+            except FileNotFoundError:
+                pass
+
+    def rebuild(self) -> None:
+        """Start from an empty database (`primefs reindex`)."""
+        with self.lock:
+            self.db.close()
+            self.remove_files()
+            self.db = self._open()
+
+    def run(self, fn, *args):
+        """fn(db, *args) with the lock held; a damaged database is rebuilt once and fn run again."""
+        with self.lock:
+            try:
+                return fn(self.db, *args)
+            except sqlite3.DatabaseError as exc:
+                if not broken_database(exc):
+                    raise
+            self.rebuild()
+            return fn(self.db, *args)
+
+    def write(self, fn, *args) -> bool:
+        """A write transaction; False (nothing written) if the database stays locked by another process."""
+        def tx(db, *a):
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) or "busy" in str(exc):
+                    return False
+                raise
+            try:
+                fn(db, *a)
+                db.execute("COMMIT")
+                return True
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return self.run(tx, *args)
+
+    # -- sessions -------------------------------------------------------------------------------------
+    def sync(self, ids: list[str] | None = None) -> dict[str, dict]:
+        """Bring the rows of these session folders (default: every folder under sessions/) up to date
+        with their files; rows of folders that are gone are dropped. Returns id -> row of the folders
+        looked at (those without a session.yaml left out)."""
+        present = session_ids(self.sessions_dir) if ids is None else ids
+        query = "SELECT id, keys, place FROM sessions"
+        args: tuple = ()
+        if ids is not None:
+            query, args = query + " WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)
+        known = self.run(lambda db: {r[0]: (r[1], r[2]) for r in db.execute(query, args)})
+        changed, out = [], {}
+        for sid in present:
+            row = known.get(sid)
+            if row is not None and row[1] != "":  # archived: its files do not change
+                out[sid] = None
+                continue
+            base = f"{self.sessions_dir}/{sid}/"  # plain strings: pathlib costs more than the stat here
+            keys = [stat_key(base + "history.jsonl"), stat_key(base + "session.yaml"), stat_key(base + "result.md")]
+            if keys[1] is None:  # not (yet) a session: session.yaml is written last
+                continue
+            if row is not None and row[0] == json.dumps(keys):
+                out[sid] = None  # filled below from the database
+                continue
+            folder = self.sessions_dir / sid
+            s = summaries.fresh(folder)
+            keys = [s["history"], s["meta_key"], keys[2]]  # what the summary counted, exactly
+            out[sid] = self.row_of(s, read_result(folder), keys)
+            changed.append(out[sid])
+        gone = [] if ids is not None else [sid for sid, (_, place) in known.items() if place == "" and sid not in out]
+        if changed or gone:
+            self.write(self._store, changed, gone)
+        missing = [sid for sid, row in out.items() if row is None]
+        if missing:
+            out.update(self.rows(missing))
+        return out
+
+    @staticmethod
+    def row_of(s: dict, result: str | None, keys: list, place: str = "") -> dict:
+        meta = s["meta"]
+        last = s["last"] or {}
+        return {"id": s["id"], **{k: meta.get(k) for k in META}, "turns": s["turns"], "events": s["events"],
+                "usage": summaries.usage(s), "last": s["last"], "last_ts": last.get("ts"), "broken": s["broken"],
+                "result": result, "keys": json.dumps(keys), "place": place}
+
+    @staticmethod
+    def _store(db, rows: list[dict], gone: list[str]) -> None:
+        for sid in gone:
+            key = db.execute("SELECT key FROM sessions WHERE id = ?", (sid,)).fetchone()
+            if key:
+                db.execute("DELETE FROM events WHERE session = ?", key)
+                db.execute("DELETE FROM sessions WHERE key = ?", key)
+        names = ", ".join(COLUMNS)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c != "id")
+        db.executemany(f"INSERT INTO sessions ({names}) VALUES ({', '.join('?' * len(COLUMNS))}) "
+                       f"ON CONFLICT(id) DO UPDATE SET {updates}",
+                       [tuple(json.dumps(r[c]) if c in ("usage", "last") else r[c] for c in COLUMNS) for r in rows])
+
+    def rows(self, ids: list[str] | None = None) -> dict[str, dict]:
+        """Rows as stored (no files looked at): these ids, or all."""
+        sql = f"SELECT {', '.join(COLUMNS)} FROM sessions"
+        args = ()
+        if ids is not None:
+            sql, args = sql + " WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)
+        out = {}
+        for r in self.run(lambda db: db.execute(sql, args).fetchall()):
+            row = dict(zip(COLUMNS, r))
+            row["usage"], row["last"] = json.loads(row["usage"]), json.loads(row["last"])
+            out[row["id"]] = row
+        return out
+
+    def sync_new(self) -> None:
+        """Rows for session folders the index does not know yet (one directory listing)."""
+        present = session_ids(self.sessions_dir)
+        known = set(self.run(lambda db: [r[0] for r in db.execute("SELECT id FROM sessions")]))
+        new = [sid for sid in present if sid not in known]
+        if new:
+            self.sync(new)
+
+    def find(self, name: str, archived: bool = False) -> str | None:
+        """The newest readable session with this name in sessions/ (or also archived ones); new folders
+        are looked at first."""
+        self.sync_new()
+        where = "" if archived else " AND place = ''"
+        row = self.run(lambda db: db.execute(f"SELECT id FROM sessions WHERE name = ? AND broken IS NULL{where} "
+                                             "ORDER BY id DESC LIMIT 1", (name,)).fetchone())
+        return row[0] if row else None
+
+    def names(self) -> dict[str, str]:
+        """id -> name of every readable session (new folders looked at first)."""
+        self.sync_new()
+        return dict(self.run(lambda db: db.execute("SELECT id, name FROM sessions WHERE broken IS NULL").fetchall()))
+
+    def subtree(self, sid: str) -> list[str]:
+        """`sid` and its descendants as the index knows them (parents first)."""
+        out, frontier = [sid], [sid]
+        while frontier:
+            kids = self.run(lambda db: [r[0] for r in db.execute(
+                "SELECT id FROM sessions WHERE parent IN (SELECT value FROM json_each(?)) AND broken IS NULL "
+                "ORDER BY id", (json.dumps(frontier),))])
+            kids = [k for k in kids if k not in out]  # a hand-made cycle is cut
+            out += kids
+            frontier = kids
+        return out
+
+    def tree(self, sid: str) -> dict[str, dict]:
+        """Current rows of `sid` and all its descendants: new folders and the tree's own files looked at."""
+        self.sync_new()
+        return self.sync(self.subtree(sid))
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()

@@ -1,0 +1,202 @@
+"""Per-session summaries: `sessions/<id>/summary.json`, a small derived file beside the truth.
+
+A summary holds what `status`, `usage`, `agents` and the runner's start need of a session without
+reading its whole history: own usage (calls, tokens in/out, cost, calls of unknown cost, tool calls
+per tool, wall time in turns), turns (a resumed turn is not a new turn), the number of events, the
+last event, and a copy of the session.yaml fields `status` shows. It is never the truth and is
+rebuilt whenever it cannot be trusted. It says how far it has read: the byte offset just past the
+last complete line of history.jsonl it counted, the bytes just before that offset, and the stat of
+the history and of the session.yaml it copied. So any reader can tell:
+
+- history unchanged (same inode, mtime, size): nothing to read;
+- history grew and the bytes before the offset are the same: only the new lines are read;
+- history shorter or rewritten, or the summary missing, unreadable, of another version, or for
+  another id: recount from the start;
+- session.yaml changed: parse it again.
+
+Counting is one fold over events, the same for a recount and an update, and the sums are kept
+unrounded (rounded only when shown), so an updated summary is exactly a recount. The runner writes
+summaries at status changes and turn ends (not at every event); a reader that finds one behind
+brings it up to date and writes it back. Every write is atomic (temp file + rename): a runner
+killed mid-write leaves the old summary, or none, never half of one. Git-ignored: a runtime file.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+from .errors import PrimefsError
+from .frontmatter import load_yaml
+from .fsutil import write_atomic
+from .history import check_at, iter_lines, still_there
+from .settings import check_session_meta
+
+FILE = "summary.json"
+VERSION = 1
+# What `status` shows of session.yaml (plus `id`): copied so a status needs no YAML parsing.
+META = ("name", "parent", "depth", "status", "stop_reason", "error", "model", "goal", "created", "updated", "node")
+
+
+def zero_usage() -> dict:
+    return {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "wall_s": 0.0,
+            "cost_unknown_calls": 0, "tool_calls": 0, "tools": {}}
+
+
+def empty(sid: str) -> dict:
+    return {"version": VERSION, "id": sid, "offset": 0, "check": "", "history": None, "events": 0,
+            "usage": zero_usage(), "turns": 0, "last": None, "meta_key": None, "meta": {}, "broken": None}
+
+
+def _num(value, kind=float):
+    try:
+        return kind(value or 0)
+    except (TypeError, ValueError, OverflowError):  # a hand-written event: counted as nothing
+        return kind(0)
+
+
+def fold(s: dict, e) -> None:
+    """Count one event (a parsed history line) into summary `s`."""
+    s["events"] += 1
+    if not isinstance(e, dict):
+        return
+    t, u = e.get("type"), s["usage"]
+    if t == "model_call":
+        u["calls"] += 1
+        u["input_tokens"] += _num(e.get("input_tokens"), int)
+        u["output_tokens"] += _num(e.get("output_tokens"), int)
+        u["cost_usd"] += _num(e.get("cost_usd"))
+        u["cost_unknown_calls"] += 0 if e.get("cost_known") else 1
+    elif t == "turn_end":
+        u["wall_s"] += _num(e.get("elapsed_s"))
+    elif t == "tool_call":
+        u["tool_calls"] += 1
+        per = u["tools"].setdefault(str(e.get("name")), {"calls": 0, "errors": 0, "seconds": 0.0})
+        per["calls"] += 1
+        per["errors"] += 1 if e.get("error") else 0
+        per["seconds"] = round(per["seconds"] + _num(e.get("duration_s")), 4)
+    elif t == "turn_start" and not e.get("resumed"):
+        s["turns"] += 1
+    last = {"ts": e.get("ts") if isinstance(e.get("ts"), (int, float)) else None, "type": str(t)}
+    if t == "turn_end" and e.get("outcome"):
+        last["outcome"] = str(e["outcome"])
+    s["last"] = last
+
+
+def usage(s: dict) -> dict:
+    """The usage object of `primefs usage` (docs/cli.md), rounded as shown."""
+    u = copy.deepcopy(s["usage"])
+    u["cost_usd"] = round(u["cost_usd"], 10)
+    u["wall_s"] = round(u["wall_s"], 4)
+    return u
+
+
+def stat_key(path) -> list | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_mtime_ns, st.st_size]
+
+
+def read_history(s: dict, f, size: int, each=None) -> None:
+    """Bring `s` up to `size` bytes of the open history `f`: only the new lines if the file was only
+    appended to since, else everything again. `each(start, end, event)` also sees every line read."""
+    if not still_there(f, s["offset"], s["check"], size):
+        s.update({k: v for k, v in empty(s["id"]).items() if k not in ("meta_key", "meta", "broken")})
+    for end, line in iter_lines(f, s["offset"], size):
+        start, s["offset"] = s["offset"], end
+        try:
+            event = json.loads(line)
+        except ValueError:  # a garbled line is skipped, as history.iter_events does
+            continue
+        fold(s, event)
+        if each is not None:
+            each(start, end, event)
+    s["check"] = check_at(f, s["offset"])
+
+
+def _history(s: dict, path: Path) -> bool:
+    key = stat_key(path)
+    if key == s["history"]:
+        return False
+    if key is None:  # no history (yet): nothing counted
+        s.update({k: v for k, v in empty(s["id"]).items() if k not in ("meta_key", "meta", "broken")})
+        return True
+    try:
+        with open(path, "rb") as f:
+            read_history(s, f, key[2])
+    except OSError:
+        return False
+    s["history"] = key
+    return True
+
+
+def meta_fields(meta: dict) -> dict:
+    return json.loads(json.dumps({k: meta.get(k) for k in META}, default=str))  # plain JSON values
+
+
+def _meta(s: dict, folder: Path, meta: dict | None, meta_key) -> bool:
+    if meta is not None and meta_key is not None:  # the runner's own copy, written just now
+        new = {"meta_key": list(meta_key), "meta": meta_fields(meta), "broken": None}
+    else:
+        path = folder / "session.yaml"
+        key = stat_key(path)  # before reading: a file replaced meanwhile is read again next time
+        if key is not None and key == s["meta_key"]:
+            return False
+        label = f"sessions/{folder.name}/session.yaml"
+        try:
+            data = check_session_meta(load_yaml(path, safe=True, label=label), label)
+            new = {"meta_key": key, "meta": meta_fields(data), "broken": None}
+        except (PrimefsError, OSError) as exc:
+            new = {"meta_key": key, "meta": {}, "broken": str(exc)}
+    if all(s.get(k) == v for k, v in new.items()):
+        return False
+    s.update(new)
+    return True
+
+
+def load(folder: Path) -> dict | None:
+    """The summary file as written, or None if missing or not one of ours."""
+    try:
+        data = json.loads((Path(folder) / FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("id") != Path(folder).name:
+        return None
+    if set(data) != set(empty("")) or not isinstance(data["usage"], dict) or set(data["usage"]) != set(zero_usage()):
+        return None
+    return data
+
+
+def fresh(folder: Path, prev: dict | None = None, *, meta: dict | None = None, meta_key=None,
+          write: bool = True) -> dict:
+    """The session's summary, current with its files. `prev`: a summary already in memory (else the
+    file is read); `meta`/`meta_key`: the session.yaml content and stat the caller just wrote or read.
+    Written back (atomically, best effort) when it changed and `write`."""
+    folder = Path(folder)
+    s = copy.deepcopy(prev) if prev is not None else load(folder)
+    changed = s is None
+    for attempt in (0, 1):
+        if s is None:
+            s = empty(folder.name)
+        try:
+            changed = _history(s, folder / "history.jsonl") | changed
+            changed = _meta(s, folder, meta, meta_key) | changed
+            break
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError):  # a summary edited by hand
+            if attempt:
+                raise
+            s, changed = None, True
+    if changed and write:
+        try:
+            write_atomic(folder / FILE, json.dumps(s, separators=(",", ":")), durable=False)
+        except OSError:  # a read-only workspace, a folder removed meanwhile: still a good answer
+            pass
+    return s
+
+
+def recount(folder: Path) -> dict:
+    """A summary counted from nothing (not written): what every summary must equal."""
+    return fresh(folder, empty(Path(folder).name), write=False)
