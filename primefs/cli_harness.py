@@ -155,7 +155,7 @@ def refine_cmd(ctx, session, instructions, scope, model):
     """One model call proposes harness edits from SESSION's recent events; valid ones are committed."""
     import fcntl
 
-    from .fsutil import write_atomic
+    from .fsutil import ring, write_atomic
     from .control import REFINE_FILE
     from .session import find_session
 
@@ -170,6 +170,7 @@ def refine_cmd(ctx, session, instructions, scope, model):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a runner owns the session's history: let it do the work
             write_atomic(s.dir / REFINE_FILE, json.dumps(request))
+            ring(s.dir)
             click.echo(f"refine requested; the running runner applies it (see `primefs log {s.id}`)")
             return
         # holding the runner lock: no runner can start and write this history meanwhile

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import fcntl
 
-from .fsutil import write_atomic
+from .fsutil import ring, write_atomic
 from .mail import deliver
 from .session import Session, list_sessions, subtree
 from .workspace import Workspace
@@ -37,6 +37,7 @@ def request_stop(ws: Workspace, sid: str, tree: bool = False) -> list[tuple[str,
                 out.append((t, "already stopped"))
             elif runner_running:
                 write_atomic(s.dir / STOP_FILE, "stop\n")
+                ring(s.dir)
                 out.append((t, "stop requested (the runner applies it)"))
             else:
                 s.set_status("stopped", stop_reason="stopped")

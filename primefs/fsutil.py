@@ -49,6 +49,17 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
         fsync_dir(path.parent)
 
 
+def ring(session_dir: Path) -> None:
+    """The doorbell: tell a running runner to look at this session now, by touching its folder. The
+    runner watches sessions/ itself, not every session's folders, and inotify reports a changed folder
+    to its parent's watch: a finished session the runner has not loaded is looked at at once (alive.py).
+    Best effort: without it, the runner's periodic look finds the change a few seconds later."""
+    try:
+        os.utime(session_dir)
+    except OSError:
+        pass
+
+
 def write_new(path: Path, text: str) -> bool:
     """Create `path` with `text` atomically and durably; False if it already exists (never overwrites)."""
     path = Path(path)

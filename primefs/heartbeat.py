@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import PrimefsError
 from .frontmatter import dump_yaml, load_yaml
-from .fsutil import write_atomic
+from .fsutil import ring, write_atomic
 
 UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
          "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
@@ -122,6 +122,7 @@ def add(session_dir: Path, schedule_text: str, prompt: str, now: float | None = 
 
 def save(session_dir: Path, hb: dict) -> None:
     write_atomic(folder(session_dir) / f"{hb['id']}.yaml", dump_yaml(hb, safe=True))
+    ring(session_dir)
 
 
 def load_all(session_dir: Path, problems: list[str] | None = None) -> list[dict]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import summary as summaries
 from .summary import META, stat_key
 
-VERSION = 1  # PRAGMA user_version: another version is dropped and rebuilt
+VERSION = 2  # PRAGMA user_version: another version is dropped and rebuilt
 FILE = "index.sqlite"
 SCHEMA = """
 CREATE TABLE sessions (
@@ -32,7 +32,8 @@ CREATE TABLE sessions (
   keys TEXT,                              -- stat of history.jsonl, session.yaml, result.md the row came from
   place TEXT NOT NULL DEFAULT '',         -- '' for sessions/<id>/, else the archive file holding it
   indexed INTEGER NOT NULL DEFAULT 0,     -- bytes of history.jsonl whose events are in `events`
-  indexed_check TEXT NOT NULL DEFAULT ''  -- the bytes before that offset (history.still_there)
+  indexed_check TEXT NOT NULL DEFAULT '', -- the bytes before that offset (history.still_there)
+  marks TEXT                              -- mtimes of its folder, mail/new, mail/cur when last seen settled
 );
 CREATE INDEX sessions_parent ON sessions(parent);
 CREATE INDEX sessions_name ON sessions(name);
@@ -45,6 +46,7 @@ CREATE INDEX events_ts ON events(ts);
 CREATE VIRTUAL TABLE events_text USING fts5(text, content='');
 """
 COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
+LIGHT = ("id", "parent", "status", "goal", "broken", "place")  # what the runner's start needs
 BUSY_S = 10.0
 
 
@@ -166,10 +168,12 @@ class Index:
         return self.run(tx, *args)
 
     # -- sessions -------------------------------------------------------------------------------------
-    def sync(self, ids: list[str] | None = None) -> dict[str, dict]:
+    def sync(self, ids: list[str] | None = None, *, meta_only: bool = False) -> dict[str, dict]:
         """Bring the rows of these session folders (default: every folder under sessions/) up to date
         with their files; rows of folders that are gone are dropped. Returns id -> row of the folders
-        looked at (those without a session.yaml left out)."""
+        looked at (those without a session.yaml left out). `meta_only`: only what session.yaml says
+        must be current (parent, goal, status: the runner's start), one stat per session; rows with
+        only those fields and `marks`."""
         present = session_ids(self.sessions_dir) if ids is None else ids
         query = "SELECT id, keys, place FROM sessions"
         args: tuple = ()
@@ -183,12 +187,18 @@ class Index:
                 out[sid] = None
                 continue
             base = f"{self.sessions_dir}/{sid}/"  # plain strings: pathlib costs more than the stat here
-            keys = [stat_key(base + "history.jsonl"), stat_key(base + "session.yaml"), stat_key(base + "result.md")]
+            if meta_only:
+                keys = [None, stat_key(base + "session.yaml"), None]
+                current = row is not None and keys[1] is not None and json.loads(row[0])[1] == keys[1]
+            else:
+                keys = [stat_key(base + "history.jsonl"), stat_key(base + "session.yaml"), stat_key(base + "result.md")]
+                current = row is not None and row[0] == json.dumps(keys)
             if keys[1] is None:  # not (yet) a session: session.yaml is written last
                 continue
-            if row is not None and row[0] == json.dumps(keys):
+            if current:
                 out[sid] = None  # filled below from the database
                 continue
+            keys[2] = stat_key(base + "result.md")
             folder = self.sessions_dir / sid
             s = summaries.fresh(folder)
             keys = [s["history"], s["meta_key"], keys[2]]  # what the summary counted, exactly
@@ -199,7 +209,8 @@ class Index:
             self.write(self._store, changed, gone)
         missing = [sid for sid, row in out.items() if row is None]
         if missing:
-            out.update(self.rows(missing))
+            stored = self.rows(None if ids is None else missing, light=meta_only)
+            out.update((sid, stored[sid]) for sid in missing if sid in stored)
         return out
 
     @staticmethod
@@ -208,7 +219,7 @@ class Index:
         last = s["last"] or {}
         return {"id": s["id"], **{k: meta.get(k) for k in META}, "turns": s["turns"], "events": s["events"],
                 "usage": summaries.usage(s), "last": s["last"], "last_ts": last.get("ts"), "broken": s["broken"],
-                "result": result, "keys": json.dumps(keys), "place": place}
+                "result": result, "keys": json.dumps(keys), "place": place, "marks": None}
 
     @staticmethod
     def _store(db, rows: list[dict], gone: list[str]) -> None:
@@ -223,18 +234,27 @@ class Index:
                        f"ON CONFLICT(id) DO UPDATE SET {updates}",
                        [tuple(json.dumps(r[c]) if c in ("usage", "last") else r[c] for c in COLUMNS) for r in rows])
 
-    def rows(self, ids: list[str] | None = None) -> dict[str, dict]:
-        """Rows as stored (no files looked at): these ids, or all."""
-        sql = f"SELECT {', '.join(COLUMNS)} FROM sessions"
-        args = ()
+    def rows(self, ids: list[str] | None = None, light: bool = False) -> dict[str, dict]:
+        """Rows as stored (no files looked at): these ids, or all. `light`: only LIGHT and marks."""
+        columns = (*(LIGHT if light else COLUMNS), "marks")
+        sql = f"SELECT {', '.join(columns)} FROM sessions"
+        args: tuple = ()
         if ids is not None:
             sql, args = sql + " WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)
         out = {}
         for r in self.run(lambda db: db.execute(sql, args).fetchall()):
-            row = dict(zip(COLUMNS, r))
-            row["usage"], row["last"] = json.loads(row["usage"]), json.loads(row["last"])
+            row = dict(zip(columns, r))
+            for k in ("usage", "last", "marks"):
+                if row.get(k) is not None:
+                    row[k] = json.loads(row[k])
             out[row["id"]] = row
         return out
+
+    def set_marks(self, marks: dict[str, list]) -> None:
+        """Remember when sessions were seen settled (alive.py): the next start need not list their mail."""
+        if marks:
+            self.write(lambda db: db.executemany("UPDATE sessions SET marks = ? WHERE id = ?",
+                                                 [(json.dumps(m), sid) for sid, m in marks.items()]))
 
     def sync_new(self) -> None:
         """Rows for session folders the index does not know yet (one directory listing)."""

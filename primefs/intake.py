@@ -24,6 +24,7 @@ class Intake:
         self.heartbeat_sessions: set[str] = set()
         self.harness_dirty = True  # hand edits of harness files may wait to be committed
         self._lock = threading.RLock()  # scan_goals -> add_heartbeat -> watch_heartbeats
+        self.on_adopt = lambda sid: None  # the runner looks at adopted sessions (alive.py)
 
     # -- goals ------------------------------------------------------------------------------------
     def scan_goals(self) -> None:
@@ -69,6 +70,7 @@ class Intake:
     def adopt(self, session: Session) -> None:
         """A new session (from a goal or rlm()): link it into the tree and queue its first turn."""
         self.tree.link(session.id, session.meta.get("parent"))
+        self.on_adopt(session.id)
         self.scheduler.add(session.id)
 
     # -- heartbeats -------------------------------------------------------------------------------

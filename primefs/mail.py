@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import frontmatter, redact
 from .errors import PrimefsError
-from .fsutil import NAME_RE, fsync_dir
+from .fsutil import NAME_RE, fsync_dir, ring
 from .session import iso
 
 CLAIMED, SEEN = "!2,", "!2,S"
@@ -58,6 +58,7 @@ def deliver(mail_dir: Path, *, sender: str, to: str, kind: str, text: str, extra
     target = mail_dir / "new" / tmp.name
     os.rename(tmp, target)
     fsync_dir(target.parent)
+    ring(mail_dir.parent)
     msg.path = target
     return msg
 

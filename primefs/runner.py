@@ -2,8 +2,9 @@
 
 The parts (see docs/architecture.md): the session tree, the post office, the scheduler, the model
 gateway, the kernel host, intake (goal files, heartbeats, hand edits), turns, the kernel services.
-Files are the truth: on start and periodically the runner lists goals/ and every mail/new/;
-watchdog events only make it look sooner. One runner per workspace (an fcntl lock).
+Files are the truth: on start and periodically the runner lists goals/ and looks at the sessions
+that are awake (alive.py: dormant, finished sessions cost a stat now and then); file events only make
+it look sooner. One runner per workspace (an fcntl lock).
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from . import mail, redact
+from . import redact
 from .agent import Agent
+from .alive import Alive
 from .bell import Bell
 from .control import REFINE_FILE, STOP_FILE
 from .errors import PrimefsError
@@ -34,7 +36,7 @@ from .postoffice import PostOffice
 from .scheduler import Scheduler
 from .services import KernelServices
 from .toolbox import ToolBox
-from .session import Session, broken_goal_line, list_sessions
+from .session import Session
 from .tree import SessionTree
 from .turns import Turns
 from .watcher import watch
@@ -122,6 +124,9 @@ class Runner:
                            self.intake.commit_hand_edits, self.log)
         self.services = KernelServices(ws, self.tree, self.turns, self.post, self.scheduler, self.goals,
                                        self.intake, self.bell, self.toolbox)
+        self.alive = Alive(ws, self.tree, self.intake, self.turns, self.scheduler, self.log,
+                           apply_stop=self.apply_stop, apply_refine=self.apply_refine_request)
+        self.intake.on_adopt = self.alive.wake
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
@@ -157,7 +162,7 @@ class Runner:
             self.guarded("heartbeats", self.intake.tick_heartbeats)  # ticks missed meanwhile: one message each
             self.guarded("scan", self.scan)
             if not once:
-                observer = watch(self.ws, lambda path: self.guarded("a file event", self.hint, path))
+                observer = watch(self.ws, self.alive, lambda path: self.guarded("a file event", self.hint, path))
             self._loop(once)
         except KeyboardInterrupt:
             self.log("stopping: sessions that were running resume when a runner starts again")
@@ -251,58 +256,31 @@ class Runner:
             self.lock.release()
 
     def hint(self, path: Path) -> None:
-        """A watchdog event: look at that goal, mailbox or request now (the listing decides)."""
+        """A file event: look at that goal, session or harness entry now (the files decide)."""
         try:
             rel = path.relative_to(self.ws.root).parts
         except ValueError:
             return
         if rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
             self.intake.scan_goals()
-        elif len(rel) >= 4 and rel[0] == "sessions" and rel[2:4] == ("mail", "new"):
-            self.turns.mail_arrived(rel[1])
-        elif len(rel) == 3 and rel[0] == "sessions" and rel[2] == STOP_FILE:
-            self.apply_stop(rel[1])
-        elif len(rel) == 3 and rel[0] == "sessions" and rel[2] == REFINE_FILE:
-            self.apply_refine_request(rel[1])
-        elif len(rel) >= 3 and rel[0] == "sessions" and rel[2] == "heartbeats":
-            self.intake.watch_heartbeats(rel[1])
         elif rel[:1] == ("harness",) or (len(rel) > 2 and rel[0] == "sessions" and rel[2] == "harness"):
             self.intake.harness_touched()
+            if rel[0] == "sessions" and path.is_dir():  # a new folder of an awake session's harness
+                self.alive.watch_harness(rel[1], path)
+        elif len(rel) >= 2 and rel[0] == "sessions":
+            self.alive.look(rel[1])  # mail, a stop or refine request, heartbeats, the doorbell
+        elif rel == ("sessions",):  # events were lost: look at everything soon
+            self.alive.look_soon()
 
     # -- finding work -----------------------------------------------------------------------------
     def recover(self) -> None:
-        """Start-up: the family tree, which goals are taken, which sessions were cut off, which mail waits."""
-        for s in list_sessions(self.ws.sessions):
-            try:
-                meta = s.meta
-            except (PrimefsError, OSError) as exc:
-                self.log(f"warning: session {s.id} skipped: {exc}")
-                goal = broken_goal_line(s.dir / "session.yaml")
-                if goal:  # its goal stays taken: never start a goal twice
-                    self.intake.claimed.add(goal)
-                continue
-            self.tree.put(s)
-            self.tree.link(s.id, meta.get("parent"))
-            if meta.get("goal"):
-                self.intake.claimed.add(meta["goal"])
-            if meta.get("status") in ("pending", "running") or mail.unacked(s.mail):
-                self.scheduler.add(s.id)
-            if (s.dir / "heartbeats").is_dir():
-                self.intake.watch_heartbeats(s.id)
+        """Start-up: the family links, which goals are taken, which sessions were cut off or have
+        mail waiting (alive.py: finished sessions are not loaded)."""
+        self.alive.start()
 
     def scan(self) -> None:
         self.intake.scan_goals()
-        for s in list_sessions(self.ws.sessions):
-            try:
-                if (s.dir / STOP_FILE).exists():
-                    self.apply_stop(s.id)
-                    continue
-                if (s.dir / REFINE_FILE).exists():
-                    self.apply_refine_request(s.id)
-                if mail.new_files(s.mail):
-                    self.turns.mail_arrived(s.id)
-            except (PrimefsError, OSError) as exc:  # one broken session never stops the others
-                self.log(f"warning: session {s.id}: {exc}")
+        self.alive.scan()
 
     def apply_stop(self, sid: str) -> None:
         """A stop request file (from `primefs stop`): stop the session now, or at its next step."""

@@ -1,5 +1,6 @@
-"""The runner's file watch: watchdog events on goals/, harness/ and sessions/ become hints (a path to
-look at now). Events are hints only: the runner also lists everything every few seconds."""
+"""The runner's file watch: watchdog events on goals/ and harness/, and inotify events on sessions/ and
+the folders of awake sessions (alive.py), become hints (a path to look at now). Events are hints only:
+the runner also looks at everything that is alive every few seconds."""
 from __future__ import annotations
 
 import os
@@ -8,8 +9,17 @@ from pathlib import Path
 from typing import Callable
 
 
-def watch(ws, on_path: Callable[[Path], None]):
-    """Start an observer calling `on_path(path)` for every change; returns it (call .stop())."""
+class Watch:
+    def __init__(self, observer, alive):
+        self.observer, self.alive = observer, alive
+
+    def stop(self) -> None:
+        self.observer.stop()
+        self.alive.stop_watch()
+
+
+def watch(ws, alive, on_path: Callable[[Path], None]) -> Watch:
+    """Start watching, calling `on_path(path)` for every change; returns the watch (call .stop())."""
     from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileClosedEvent,
                                  FileCreatedEvent, FileDeletedEvent, FileMovedEvent, FileSystemEventHandler)
     from watchdog.observers import Observer
@@ -28,7 +38,7 @@ def watch(ws, on_path: Callable[[Path], None]):
     observer = Observer()
     observer.schedule(Hint(), str(ws.goals), recursive=False, event_filter=changes)
     observer.schedule(Hint(), str(ws.harness), recursive=True, event_filter=changes)
-    observer.schedule(Hint(), str(ws.sessions), recursive=True, event_filter=changes)
     observer.daemon = True
     observer.start()
-    return observer
+    alive.start_watch(on_path)  # not watchdog on sessions/: its recursive watch grows with every session
+    return Watch(observer, alive)
