@@ -3,6 +3,7 @@ hand edits committed as `Primefs-Source: user`, the log read back from the trail
 commits, outcomes as git notes. The file layout it maps paths onto is defined here too."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -38,7 +39,20 @@ class HarnessGit:
         """Commit uncommitted changes under harness/ and sessions/*/harness/, one commit per entry,
         with `Primefs-Source: user`. Files that are not entries (e.g. harness/README.md) are left alone."""
         with commit_lock(self.root):
-            return self.commit_hand_edits(["harness", ":(glob)sessions/*/harness/**"])
+            return self.commit_hand_edits(["harness", *self.session_harness_dirs()])
+
+    def session_harness_dirs(self) -> list[str]:
+        """sessions/<id>/harness folders that exist or have files in git. Named one by one: a glob
+        pathspec (`sessions/*/harness/**`) makes `git status` walk every session's folder."""
+        tracked = git(self.root, "ls-files", "-z", "--", ":(glob)sessions/*/harness/**").stdout  # the index only
+        found = {"/".join(p.split("/")[:3]) for p in tracked.split("\0") if p}
+        try:
+            with os.scandir(self.root / "sessions") as it:
+                found |= {f"sessions/{e.name}/harness" for e in it
+                          if e.is_dir() and os.path.isdir(os.path.join(e.path, "harness"))}
+        except FileNotFoundError:
+            pass
+        return sorted(found)
 
     def commit_hand_edits(self, pathspecs: list[str]) -> list[str]:
         # Also run before every put/delete (lock held), so an agent's commit never absorbs a person's edit.
