@@ -58,6 +58,7 @@ class Alive:
         self.dormant: dict[str, list | None] = {}  # sid -> _marks() when seen settled; None: look next time
         self.folder_mtime: int | None = None  # of sessions/: a new or removed session folder changes it
         self.watch: Inotify | None = None
+        self.frozen: set[str] = set()  # being archived: not looked at, never woken
         self.lock = threading.RLock()
         self._next_look = 0.0
 
@@ -160,7 +161,7 @@ class Alive:
 
     def look(self, sid: str) -> None:
         """Something may have arrived for this session: requests, heartbeats, mail. Wakes it if so."""
-        if not NAME_RE.fullmatch(sid):
+        if not NAME_RE.fullmatch(sid) or sid in self.frozen:
             return
         folder = self.ws.sessions / sid
         if not (folder / "session.yaml").is_file():
@@ -260,11 +261,22 @@ class Alive:
             self.folder_mtime = None
             self.dormant = {sid: None for sid in self.dormant}
 
-    def forget(self, sid: str) -> None:
-        """A session that left sessions/ (archived)."""
-        self.settle(sid)
+    def freeze(self, sids: list[str]) -> None:
         with self.lock:
-            self.dormant.pop(sid, None)
+            self.frozen |= set(sids)
+
+    def archived(self, gone: list[str], back: list[str]) -> None:
+        """An archive ended: `gone` left sessions/ (forgotten), `back` stayed (looked at again)."""
+        for sid in gone:
+            self.settle(sid)
+            with self.lock:
+                self.dormant.pop(sid, None)
+            self.tree.drop(sid)
+        with self.lock:
+            self.frozen -= set(gone) | set(back)
+            for sid in back:
+                if sid in self.dormant:
+                    self.dormant[sid] = None
 
     # -- the watch ------------------------------------------------------------------------------------
     def start_watch(self, on_path) -> None:

@@ -217,6 +217,8 @@ from .cli_harness import harness_group, refine_cmd  # noqa: E402
 from .cli_heartbeat import heartbeat_group  # noqa: E402
 from .cli_trace import trace_cmd  # noqa: E402
 from .cli_web import serve  # noqa: E402
+from .cli_logs import logs_cmd, reindex_cmd  # noqa: E402
+from .cli_archive import archive_cmd  # noqa: E402
 
 main.add_command(status)
 main.add_command(log)
@@ -228,6 +230,9 @@ main.add_command(eval_cmd)
 main.add_command(heartbeat_group)
 main.add_command(trace_cmd)
 main.add_command(serve)
+main.add_command(logs_cmd)
+main.add_command(reindex_cmd)
+main.add_command(archive_cmd)
 
 from .daemon import up, down, runner_cmd  # noqa: E402
 from .live import attach, agents, follow_log  # noqa: E402

@@ -119,10 +119,13 @@ def status(ctx, as_json):
 @click.pass_context
 def log(ctx, session, as_json, follow_):
     """Show a session's history (SESSION: id or name)."""
+    from .archived import find_readable
     from .logview import print_events
 
     ws = workspace(ctx)
-    s = find_session(ws.sessions, session)
+    s = find_readable(ws, session)  # in sessions/, else in an archive
+    if follow_ and s.dir is None:
+        raise PrimefsError(f"{s.id} is archived ({s.place}): its history no longer changes; drop -f")
     from .session import session_names
 
     names = session_names(ws.sessions)

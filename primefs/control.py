@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+from contextlib import contextmanager
 
 from .fsutil import ring, write_atomic
 from .mail import deliver
@@ -10,6 +11,23 @@ from .workspace import Workspace
 
 STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and removes it
 REFINE_FILE = "refine.request"  # written by `primefs refine` while a runner runs
+
+
+@contextmanager
+def runner_lock(ws: Workspace):
+    """Hold the runner lock while no runner runs (yields True: none can start meanwhile); yields False
+    if a runner holds it."""
+    ws.state.mkdir(exist_ok=True)
+    with open(ws.state / "runner.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def descendants(ws: Workspace, sid: str) -> list[str]:

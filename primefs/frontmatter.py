@@ -109,6 +109,11 @@ def _load(raw: str, label: str, safe: bool, line_offset: int):
     return check_shape(data, label)
 
 
+def loads_yaml(raw: str, label: str, safe: bool = False) -> Any:
+    """YAML text already read (e.g. a member of an archive), checked as load_yaml checks a file."""
+    return _load(raw, label, safe, 0)
+
+
 def yaml_rt() -> YAML:
     y = YAML()  # round-trip: keeps comments and key order
     y.preserve_quotes = True

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import summary as summaries
 from .summary import META, stat_key
 
-VERSION = 2  # PRAGMA user_version: another version is dropped and rebuilt
+VERSION = 3  # PRAGMA user_version: another version is dropped and rebuilt
 FILE = "index.sqlite"
 SCHEMA = """
 CREATE TABLE sessions (
@@ -38,7 +38,8 @@ CREATE TABLE sessions (
 CREATE INDEX sessions_parent ON sessions(parent);
 CREATE INDEX sessions_name ON sessions(name);
 CREATE TABLE events (
-  id INTEGER PRIMARY KEY, session INTEGER NOT NULL, n INTEGER, ts REAL, type TEXT, model TEXT,
+  id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: text entries of dropped events match nothing
+  session INTEGER NOT NULL, n INTEGER, ts REAL, type TEXT, model TEXT,
   pos INTEGER NOT NULL, len INTEGER NOT NULL   -- where its line is in the history: files stay the truth
 );
 CREATE INDEX events_session ON events(session, pos);
@@ -168,12 +169,12 @@ class Index:
         return self.run(tx, *args)
 
     # -- sessions -------------------------------------------------------------------------------------
-    def sync(self, ids: list[str] | None = None, *, meta_only: bool = False) -> dict[str, dict]:
+    def sync(self, ids: list[str] | None = None, *, meta_only: bool = False, light: bool = False) -> dict[str, dict]:
         """Bring the rows of these session folders (default: every folder under sessions/) up to date
         with their files; rows of folders that are gone are dropped. Returns id -> row of the folders
         looked at (those without a session.yaml left out). `meta_only`: only what session.yaml says
         must be current (parent, goal, status: the runner's start), one stat per session; rows with
-        only those fields and `marks`."""
+        only those fields and `marks`. `light`: all brought up to date, rows of unchanged sessions light."""
         present = session_ids(self.sessions_dir) if ids is None else ids
         query = "SELECT id, keys, place FROM sessions"
         args: tuple = ()
@@ -183,10 +184,12 @@ class Index:
         changed, out = [], {}
         for sid in present:
             row = known.get(sid)
-            if row is not None and row[1] != "":  # archived: its files do not change
-                out[sid] = None
-                continue
             base = f"{self.sessions_dir}/{sid}/"  # plain strings: pathlib costs more than the stat here
+            if row is not None and row[1] != "":
+                if ids is not None and not os.path.isdir(base):  # archived: its files do not change
+                    out[sid] = None
+                    continue
+                row = None  # back in sessions/ (unzipped): the folder is what counts
             if meta_only:
                 keys = [None, stat_key(base + "session.yaml"), None]
                 current = row is not None and keys[1] is not None and json.loads(row[0])[1] == keys[1]
@@ -206,10 +209,10 @@ class Index:
             changed.append(out[sid])
         gone = [] if ids is not None else [sid for sid, (_, place) in known.items() if place == "" and sid not in out]
         if changed or gone:
-            self.write(self._store, changed, gone)
+            self.write(self.store, changed, gone)
         missing = [sid for sid, row in out.items() if row is None]
         if missing:
-            stored = self.rows(None if ids is None else missing, light=meta_only)
+            stored = self.rows(None if ids is None else missing, light=meta_only or light)
             out.update((sid, stored[sid]) for sid in missing if sid in stored)
         return out
 
@@ -222,7 +225,7 @@ class Index:
                 "result": result, "keys": json.dumps(keys), "place": place, "marks": None}
 
     @staticmethod
-    def _store(db, rows: list[dict], gone: list[str]) -> None:
+    def store(db, rows: list[dict], gone: list[str]) -> None:
         for sid in gone:
             key = db.execute("SELECT key FROM sessions WHERE id = ?", (sid,)).fetchone()
             if key:

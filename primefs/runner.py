@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from . import redact
+from . import archive, redact
 from .agent import Agent
 from .alive import Alive
 from .bell import Bell
@@ -127,6 +127,7 @@ class Runner:
         self.alive = Alive(ws, self.tree, self.intake, self.turns, self.scheduler, self.log,
                            apply_stop=self.apply_stop, apply_refine=self.apply_refine_request)
         self.intake.on_adopt = self.alive.wake
+        self._archiving: threading.Thread | None = None  # `primefs archive` done by this runner
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
@@ -207,6 +208,7 @@ class Runner:
             if not once and now - last_tick >= 0.25:  # the loop wakes often: rate-limit
                 self.guarded("heartbeats", self.intake.tick_heartbeats)
                 last_tick = now
+                self._archive_requested()
             with self.bell.cond:
                 self.scheduler.dispatch()
                 if self.bell.stopping:
@@ -274,9 +276,28 @@ class Runner:
 
     # -- finding work -----------------------------------------------------------------------------
     def recover(self) -> None:
-        """Start-up: the family links, which goals are taken, which sessions were cut off or have
-        mail waiting (alive.py: finished sessions are not loaded)."""
+        """Start-up: trees a crash left half archived put right; the family links, which goals are taken,
+        which sessions were cut off or have mail waiting (alive.py: finished sessions are not loaded)."""
+        for root in archive.recover(self.ws):
+            self.log(f"archive of {root}: finished or undone after a crash")
         self.alive.start()
+
+    def _archive_requested(self) -> None:
+        """`primefs archive` while this runner runs: it does the work, in a thread, knowing what is in use."""
+        if (self._archiving is not None and self._archiving.is_alive()) or not (self.ws.state / archive.REQUEST).exists():
+            return
+
+        def busy(sid: str) -> bool:
+            return self.scheduler.busy(sid) or sid in self.alive.awake
+
+        def work():
+            if self.turns.committer is not None:
+                self.turns.committer.flush()  # turn commits of a tree land before it leaves
+            archive.serve(self.ws, busy=busy, freeze=self.alive.freeze, done=self.alive.archived)
+
+        self._archiving = threading.Thread(target=self.guarded, args=("archive", work), name="primefs-archive",
+                                           daemon=True)
+        self._archiving.start()
 
     def scan(self) -> None:
         self.intake.scan_goals()

@@ -23,12 +23,13 @@ killed mid-write leaves the old summary, or none, never half of one. Git-ignored
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 from pathlib import Path
 
 from .errors import PrimefsError
-from .frontmatter import load_yaml
+from .frontmatter import load_yaml, loads_yaml
 from .fsutil import write_atomic
 from .history import check_at, iter_lines, still_there
 from .settings import check_session_meta
@@ -194,6 +195,18 @@ def fresh(folder: Path, prev: dict | None = None, *, meta: dict | None = None, m
             write_atomic(folder / FILE, json.dumps(s, separators=(",", ":")), durable=False)
         except OSError:  # a read-only workspace, a folder removed meanwhile: still a good answer
             pass
+    return s
+
+
+def of_contents(sid: str, history: bytes, session_yaml: str) -> dict:
+    """The summary of a session known by its files' contents (an archived session: archive.py)."""
+    s = empty(sid)
+    read_history(s, io.BytesIO(history), len(history))
+    label = f"sessions/{sid}/session.yaml"
+    try:
+        s["meta"] = meta_fields(check_session_meta(loads_yaml(session_yaml, label, safe=True), label))
+    except PrimefsError as exc:
+        s["broken"] = str(exc)
     return s
 
 

@@ -37,6 +37,15 @@ class SessionTree:
             if parent:
                 self._children.setdefault(parent, []).append(sid)
 
+    def drop(self, sid: str) -> None:
+        """A session that left sessions/ (archived with its whole tree)."""
+        with self._lock:
+            self._sessions.pop(sid, None)
+            parent = self._parents.pop(sid, None)
+            self._children.pop(sid, None)
+            if parent in self._children and sid in self._children[parent]:
+                self._children[parent].remove(sid)
+
     def knows(self, sid: str) -> bool:
         with self._lock:
             return sid in self._parents

@@ -1,0 +1,304 @@
+"""Archive: finished session trees leave sessions/ for one zip file each, `archive/<root id>.zip`.
+
+A workspace only grows; `primefs archive` keeps sessions/ (and git's working tree) to what may still
+change. A tree goes whole or not at all: a root and all its descendants, each finished (by default
+done, stopped or failed; `--status` may add idle), none with unread mail or heartbeats, none in use by
+a runner, and with `--before DATE` none with an event since. Its goal file goes with it. Members are
+workspace-relative paths (`sessions/<id>/...`, `goals/x.md`) and `primefs-archive.json` (what it
+holds): `unzip archive/<id>.zip` in the workspace brings the tree back. Archived sessions stay in the
+index (index.py): `primefs logs` finds their events and `primefs log` reads them from the zip.
+
+One tree, step by step, so that a crash at any point leaves it whole, in one place (`recover`):
+  1. a journal: .primefs/archiving/<root>/journal.json names the sessions and the goal (durably);
+  2. each session folder, then the goal file, renamed into .primefs/archiving/<root>/;
+  3. the moved folders looked at again: unread mail, or a history or session.yaml changed since step 1
+     (something arrived meanwhile): everything goes back;
+  4. the zip written as archive/<root>.zip.tmp, synced, renamed to archive/<root>.zip: from here on
+     the tree is archived;
+  5. the index rows point at the zip; 6. one git commit (the zip, the folders and goal removed);
+  7. .primefs/archiving/<root>/ removed.
+`recover` (run by `primefs archive`, `reindex` and a starting runner) finishes the trees whose zip
+exists (5-7) and moves the others back.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+import zipfile
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from . import __version__
+from .errors import PrimefsError
+from .fsutil import fsync_dir, write_atomic
+from .gitops import commit_paths, git
+from .index import Index
+from .summary import stat_key
+
+ARCHIVE = "archive"
+MANIFEST = "primefs-archive.json"
+FINISHED = ("idle", "done", "stopped", "failed")
+DEFAULT_STATUSES = ("done", "stopped", "failed")
+RUNTIME = ("kernel", "summary.json", "stop.request", "refine.request")  # never archived
+
+
+def staging(ws) -> Path:
+    return ws.state / "archiving"
+
+
+def _trees(rows: dict[str, dict]) -> dict[str, list[str]]:
+    """root -> the root and its descendants (parents first) among these rows; an orphan is a root."""
+    children: dict[str, list[str]] = defaultdict(list)
+    roots = []
+    for sid, row in sorted(rows.items()):
+        parent = row.get("parent")
+        (children[parent].append(sid) if parent in rows and parent != sid else roots.append(sid))
+    out = {}
+    for root in roots:
+        members, stack, seen = [], [root], set()
+        while stack:
+            sid = stack.pop()
+            if sid not in seen:
+                seen.add(sid)
+                members.append(sid)
+                stack.extend(reversed(children.get(sid, [])))
+        out[root] = members
+    return out
+
+
+def _live_files(folder: Path) -> str | None:
+    """Why a finished session is still alive by its files (mail waiting, heartbeats), or None."""
+    try:
+        if any(not n.startswith(".") for n in os.listdir(folder / "mail" / "new")):
+            return "unread mail"
+        if any(n.endswith("!2,") for n in os.listdir(folder / "mail" / "cur")):
+            return "unread mail"
+    except FileNotFoundError:
+        pass
+    hb = folder / "heartbeats"
+    if hb.is_dir() and any(p.suffix == ".yaml" for p in hb.iterdir()):
+        return "heartbeats"
+    return None
+
+
+def plan(ws, index: Index, *, before: float | None = None, statuses=DEFAULT_STATUSES, busy=lambda sid: False
+         ) -> tuple[list[dict], Counter]:
+    """The trees that can be archived now, and why the others cannot (reason -> trees)."""
+    rows = index.sync()
+    skipped: Counter = Counter()
+    goals_used = Counter(row["goal"] for row in rows.values() if row["goal"])
+    out = []
+    for root, members in _trees(rows).items():
+        tree = [rows[sid] for sid in members]
+        why = None
+        if any(r["broken"] for r in tree):
+            why = "a broken session.yaml"
+        elif any(r["status"] not in statuses for r in tree):
+            why = "not finished" if any(r["status"] not in FINISHED for r in tree) else "status not chosen"
+        elif before is not None and max((r["last_ts"] or 0) for r in tree) >= before:
+            why = "newer than --before"
+        elif any(busy(sid) for sid in members):
+            why = "in use by the runner"
+        else:
+            why = next((w for sid in members if (w := _live_files(ws.sessions / sid))), None)
+        if why:
+            skipped[why] += 1
+            continue
+        goal = rows[root]["goal"]
+        if not goal or goals_used[goal] > sum(1 for r in tree if r["goal"] == goal) or not (ws.root / goal).is_file():
+            goal = None  # another session names it too (or it is gone): it stays
+        out.append({"root": root, "name": rows[root]["name"], "sessions": members, "goal": goal,
+                    "file": f"{ARCHIVE}/{root}.zip", "last_ts": max((r["last_ts"] or 0) for r in tree)})
+    return out, skipped
+
+
+def _keys(folder: Path) -> list:
+    return [stat_key(folder / "history.jsonl"), stat_key(folder / "session.yaml")]
+
+
+def archive_tree(ws, index: Index, tree: dict, busy=lambda sid: False) -> bool:
+    """Steps 1-7 for one tree. False (and the tree back in place) if something arrived meanwhile."""
+    root, members, goal = tree["root"], tree["sessions"], tree["goal"]
+    from .eventindex import sync_events
+
+    sync_events(index, members)  # its events are found through the index once it is zipped
+    stage = staging(ws) / root
+    stage.mkdir(parents=True, exist_ok=False)
+    keys = {sid: _keys(ws.sessions / sid) for sid in members}
+    journal = {"root": root, "name": tree["name"], "sessions": members, "goal": goal, "file": tree["file"],
+               "keys": keys, "started": time.time()}
+    write_atomic(stage / "journal.json", json.dumps(journal))  # 1
+    for sid in members:  # 2
+        os.rename(ws.sessions / sid, stage / sid)
+    if goal:
+        (stage / goal).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(ws.root / goal, stage / goal)
+    for sid in members:  # 3
+        if _keys(stage / sid) != keys[sid] or _live_files(stage / sid) or busy(sid):
+            roll_back(ws, stage)
+            return False
+    _write_zip(ws, stage, journal)  # 4
+    _finish(ws, index, stage, journal)  # 5-7
+    return True
+
+
+def _write_zip(ws, stage: Path, journal: dict) -> None:
+    final = ws.root / journal["file"]
+    final.parent.mkdir(exist_ok=True)
+    tmp = final.with_name(final.name + ".tmp")
+    manifest = {k: journal[k] for k in ("root", "name", "sessions", "goal")}
+    manifest.update(archived=time.time(), primefs=__version__)
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as z:
+        z.writestr(MANIFEST, json.dumps(manifest, indent=1))
+        for sid in journal["sessions"]:
+            folder = stage / sid
+            for here, dirs, files in os.walk(folder):
+                rel = Path(here).relative_to(folder)
+                dirs[:] = sorted(d for d in dirs if not (rel == Path(".") and d in RUNTIME) and
+                                 not (rel == Path("mail") and d == "tmp"))
+                z.writestr(f"sessions/{sid}/{rel.as_posix()}/".replace("/./", "/"), b"")  # empty folders too
+                for name in sorted(files):
+                    if not (rel == Path(".") and name in RUNTIME) and not name.endswith(".tmp"):
+                        z.write(Path(here) / name, f"sessions/{sid}/{(rel / name).as_posix()}")
+        if journal["goal"]:
+            z.write(stage / journal["goal"], journal["goal"])
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+
+
+def _finish(ws, index: Index, stage: Path, journal: dict) -> None:
+    members = journal["sessions"]
+    index.write(lambda db: db.execute("UPDATE sessions SET place = ? WHERE id IN (SELECT value FROM json_each(?))",
+                                      (journal["file"], json.dumps(members))))  # 5
+    paths = [f"sessions/{sid}" for sid in members] + ([journal["goal"]] if journal["goal"] else [])
+    tracked = git(ws.root, "ls-files", "-z", "--", *paths, check=False).stdout.split("\0")
+    paths = [p for p in paths if any(t == p or t.startswith(p + "/") for t in tracked)]  # git add refuses others
+    commit_paths(ws.root, [journal["file"], *paths],
+                 f"archive: {journal['root']} ({journal['name']}), {len(members)} session(s) -> {journal['file']}")  # 6
+    shutil.rmtree(stage)  # 7
+
+
+def roll_back(ws, stage: Path) -> None:
+    """Everything of a tree whose zip was never finished goes back where it was."""
+    try:
+        journal = json.loads((stage / "journal.json").read_text())
+    except (OSError, ValueError):  # cut off before the journal was written: nothing was moved yet
+        shutil.rmtree(stage, ignore_errors=True)
+        return
+    for sid in journal["sessions"]:
+        if (stage / sid).exists() and not (ws.sessions / sid).exists():
+            os.rename(stage / sid, ws.sessions / sid)
+    goal = journal.get("goal")
+    if goal and (stage / goal).exists() and not (ws.root / goal).exists():
+        os.rename(stage / goal, ws.root / goal)
+    (ws.root / (journal["file"] + ".tmp")).unlink(missing_ok=True)
+    shutil.rmtree(stage)
+
+
+def recover(ws, index: Index | None = None) -> list[str]:
+    """Trees a crash left between sessions/ and their zip: finished or moved back. Returns their roots."""
+    folder = staging(ws)
+    if not folder.is_dir():
+        return []
+    done = []
+    for stage in sorted(p for p in folder.iterdir() if p.is_dir()):
+        try:
+            journal = json.loads((stage / "journal.json").read_text())
+            complete = (ws.root / journal["file"]).is_file()
+        except (OSError, ValueError, KeyError):
+            journal, complete = None, False
+        if complete:
+            own = index or Index(ws.root)
+            try:
+                _finish(ws, own, stage, journal)
+            finally:
+                if index is None:
+                    own.close()
+        else:
+            roll_back(ws, stage)
+        done.append(stage.name)
+    return done
+
+
+def run(ws, *, before: float | None = None, statuses=DEFAULT_STATUSES, dry_run: bool = False,
+        busy=lambda sid: False, on_tree=lambda tree: None) -> dict:
+    """Archive every tree that can be (the caller holds the runner lock, or is the runner)."""
+    index = Index(ws.root)
+    try:
+        if not dry_run:
+            recover(ws, index)
+        trees, skipped = plan(ws, index, before=before, statuses=statuses, busy=busy)
+        archived = []
+        for tree in trees:
+            if dry_run:
+                archived.append(tree)
+                continue
+            on_tree(tree)
+            if archive_tree(ws, index, tree, busy):
+                archived.append(tree)
+            else:
+                skipped["something arrived while archiving"] += 1
+    finally:
+        index.close()
+    return {"dry_run": dry_run, "trees": [{k: t[k] for k in ("root", "name", "file", "goal")} | {"sessions": len(
+        t["sessions"])} for t in archived], "sessions": sum(len(t["sessions"]) for t in archived),
+        "skipped": dict(skipped)}
+
+
+# -- with a runner running: it does the work (it knows which sessions are in use) -------------------------
+REQUEST = "archive.request"
+
+
+def ask_runner(ws, request: dict, timeout: float) -> dict:
+    """Leave a request for the running runner and wait for its answer."""
+    from .control import runner_lock
+
+    rid = secrets.token_hex(4)
+    write_atomic(ws.state / REQUEST, json.dumps({"id": rid, **request}))
+    answer = ws.state / f"archive-{rid}.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if answer.exists():
+            result = json.loads(answer.read_text())
+            answer.unlink()
+            if result.get("error"):
+                raise PrimefsError(f"the runner could not archive: {result['error']}")
+            return result
+        with runner_lock(ws) as held:
+            if held and not answer.exists():  # the runner stopped before answering
+                (ws.state / REQUEST).unlink(missing_ok=True)
+                raise PrimefsError("the runner stopped before archiving; run `primefs archive` again")
+        time.sleep(0.1)
+    raise PrimefsError(f"the runner did not answer within {timeout:g} s (it is still archiving, or busy); "
+                       f"see `primefs status`, or wait longer with --timeout")
+
+
+def serve(ws, *, busy, freeze, done) -> None:
+    """The runner's side: do a waiting request. freeze(sessions): a tree is about to move (nothing may
+    wake them meanwhile); done(gone, back): these left sessions/, those stayed (unfreeze them)."""
+    path = ws.state / REQUEST
+    try:
+        request = json.loads(path.read_text())
+        path.unlink()
+    except (OSError, ValueError):
+        return
+    archived: list[str] = []
+
+    def on_tree(tree):
+        freeze(tree["sessions"])
+        archived.append(tree)
+
+    try:
+        result = run(ws, before=request.get("before"), statuses=tuple(request.get("statuses") or DEFAULT_STATUSES),
+                     busy=busy, on_tree=on_tree)
+    except Exception as exc:  # noqa: BLE001 - said to the command that asked, and the runner goes on
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        done([sid for t in archived for sid in t["sessions"] if not (ws.sessions / sid).exists()],
+             [sid for t in archived for sid in t["sessions"] if (ws.sessions / sid).exists()])
+    write_atomic(ws.state / f"archive-{request.get('id')}.json", json.dumps(result))
