@@ -12,9 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from . import summary as summaries
-from .index import Index
+from .index import Entry, Index
 from .session import Session, subtree
-from .summary import META
 
 FIELDS = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
 
@@ -43,17 +42,6 @@ def add(a: dict, b: dict) -> dict:
     out["cost_usd"] = round(out["cost_usd"], 10)
     out["wall_s"] = round(out["wall_s"], 4)
     return out
-
-
-class Entry:
-    """A session as the index has it: `id`, `meta` (the session.yaml fields status shows), `row`
-    (turns, result, usage, last event: index.py)."""
-
-    __slots__ = ("id", "meta", "row")
-
-    def __init__(self, row: dict):
-        self.id, self.row = row["id"], row
-        self.meta = {"id": row["id"], **{k: row[k] for k in META}}
 
 
 class UsageIndex:

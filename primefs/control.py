@@ -6,7 +6,8 @@ from contextlib import contextmanager
 
 from .fsutil import ring, write_atomic
 from .mail import deliver
-from .session import Session, list_sessions, subtree
+from .index import Index
+from .session import Session
 from .workspace import Workspace
 
 STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and removes it
@@ -31,10 +32,13 @@ def runner_lock(ws: Workspace):
 
 
 def descendants(ws: Workspace, sid: str) -> list[str]:
-    children: dict[str, list[str]] = {}
-    for s in list_sessions(ws.sessions):
-        children.setdefault(s.meta.get("parent"), []).append(s.id)
-    return subtree(children, sid)[1:]
+    """From the index (new session folders looked at first): no session.yaml of the workspace parsed."""
+    index = Index(ws.root)
+    try:
+        index.sync_new()
+        return [d for d in index.subtree(sid)[1:] if (ws.sessions / d).is_dir()]
+    finally:
+        index.close()
 
 
 def request_stop(ws: Workspace, sid: str, tree: bool = False) -> list[tuple[str, str]]:

@@ -75,6 +75,17 @@ def session_ids(sessions_dir: Path) -> list[str]:
         return []
 
 
+class Entry:
+    """A session as the index has it: `id`, `meta` (the session.yaml fields status shows), `row`
+    (turns, result, usage, last event)."""
+
+    __slots__ = ("id", "meta", "row")
+
+    def __init__(self, row: dict):
+        self.id, self.row = row["id"], row
+        self.meta = {"id": row["id"], **{k: row[k] for k in META}}
+
+
 class Index:
     def __init__(self, root: Path):
         self.root = Path(root)

@@ -26,7 +26,8 @@ from .cliopts import workspace, ws_option
 from .daemon import human_age, runner_state
 from .errors import PrimefsError
 from .logview import print_events
-from .session import Session, find_session, list_sessions, session_names
+from .index import Entry, Index
+from .session import Session, find_session, session_names
 
 POLL_S = 0.2
 
@@ -236,56 +237,39 @@ def attach(ctx, session, last):
 
 # -- primefs agents -----------------------------------------------------------------------------------
 class _Track:
-    """Per-session running totals, updated from the bytes appended since the last frame."""
+    """A session's own totals and last event, as its summary has them (summary.py)."""
 
-    __slots__ = ("reader", "calls", "tokens", "cost", "turns", "last")
+    __slots__ = ("calls", "tokens", "cost", "turns", "last")
 
-    def __init__(self, path: Path):
-        self.reader = HistoryReader(path)
-        self.calls = self.tokens = self.turns = 0
-        self.cost = 0.0
-        self.last: dict | None = None
-
-    def update(self) -> None:
-        if self.reader.size() < self.reader.pos:  # rewritten: count again from the start
-            self.__init__(self.reader.path)
-        for e in self.reader.read():
-            t = e.get("type")
-            if t == "model_call":
-                self.calls += 1
-                self.tokens += int(e.get("input_tokens") or 0) + int(e.get("output_tokens") or 0)
-                self.cost += float(e.get("cost_usd") or 0.0)
-            elif t == "turn_start":
-                self.turns += 1
-            self.last = e
+    def __init__(self, row: dict):
+        u = row["usage"]
+        self.calls, self.tokens, self.cost = u["calls"], u["input_tokens"] + u["output_tokens"], u["cost_usd"]
+        self.turns, self.last = row["turns"] or 0, row["last"]
 
 
 class AgentsView:
-    """The session tree as a table, rebuilt from the files; reading only what was appended since."""
+    """The session tree as a table, from the index: each session's summary, current with its files
+    (a few stats per session and frame; a changed session's summary reads only what was appended)."""
 
     def __init__(self, ws):
         self.ws = ws
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, Entry] = {}
         self.tracks: dict[str, _Track] = {}
         self.readable: set[str] = set()  # sessions whose session.yaml was read at least once
+        self.index = Index(ws.root)
 
     def refresh(self) -> None:
-        present = {s.id for s in list_sessions(self.ws.sessions)}
+        rows = self.index.sync()
         for sid in list(self.sessions):
-            if sid not in present:
+            if sid not in rows:
                 self.sessions.pop(sid)
                 self.tracks.pop(sid, None)
                 self.readable.discard(sid)
-        for sid in sorted(present - set(self.sessions)):
-            self.sessions[sid] = Session(self.ws.sessions / sid)
-            self.tracks[sid] = _Track(self.ws.sessions / sid / "history.jsonl")
-        for sid, s in list(self.sessions.items()):
-            try:
-                s.reload()
+        for sid, row in rows.items():
+            self.tracks[sid] = _Track(row)
+            if not row["broken"]:  # else keep the last good meta, if any (a file being replaced, a bad edit)
+                self.sessions[sid] = Entry(row)
                 self.readable.add(sid)
-            except (OSError, PrimefsError, ValueError):
-                pass  # keep the last good meta, if any (a file being replaced, a bad edit)
-            self.tracks[sid].update()
 
     def order(self) -> list[str]:
         """Roots in creation order, each followed by its descendants (depth first), as in `primefs status`."""

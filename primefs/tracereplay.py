@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from . import tracing
 from .history import iter_events
-from .session import Session, list_sessions
+from .index import Index
+from .session import Session
 
 NS = 1_000_000_000
 LLM_PURPOSES = ("llm", "llm_batch")  # calls made by code in a cell: under that cell
@@ -51,12 +52,15 @@ class _Replayed:
 
 def session_tree(ws, root: str) -> list[Session]:
     """`root` and its descendants, parents first (found through `parent` in each session.yaml)."""
+    index = Index(ws.root)  # parents from the index: no session.yaml of the workspace parsed
+    try:
+        rows = index.tree(root)
+    finally:
+        index.close()
     children: dict[str | None, list[str]] = {}
-    for s in list_sessions(ws.sessions):
-        try:
-            children.setdefault(s.meta.get("parent"), []).append(s.id)
-        except Exception:  # a broken session.yaml: not part of any tree we can replay
-            continue
+    for sid, row in rows.items():
+        if not row["broken"] and (ws.sessions / sid).is_dir():  # a broken one is not part of a tree we can replay
+            children.setdefault(row["parent"], []).append(sid)
     order, stack, seen = [], [root], set()
     while stack:  # depth first, children in creation order; a hand-made cycle is cut
         sid = stack.pop()
