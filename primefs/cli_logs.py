@@ -133,12 +133,13 @@ def logs_cmd(ctx, count, sessions, tree, name, statuses, model, since, until, ty
         filters["sessions"] = _sessions(index, sessions, tree)
         sync_events(index, [s for s in filters["sessions"] if (ws.sessions / s).is_dir()]
                     if filters["sessions"] is not None else None)
-        try:
-            hits, found = search(index, count or None, counts=counts, **filters)
-        except sqlite3.OperationalError as exc:
-            if text and ("fts5" in str(exc) or "syntax" in str(exc)):
-                raise PrimefsError(f"--query {text!r}: {exc} (words, \"a phrase\", prefix*, a OR b)") from None
-            raise
+        if text:
+            try:  # a query the full-text syntax refuses is the user's mistake, said in a line
+                index.run(lambda db: db.execute("SELECT rowid FROM events_text WHERE events_text MATCH ? LIMIT 1",
+                                                (text,)).fetchall())
+            except sqlite3.OperationalError as exc:
+                raise PrimefsError(f"--query {text!r}: {exc} (use words, \"a phrase\", prefix*, a OR b)") from None
+        hits, found = search(index, count or None, counts=counts, **filters)
     finally:
         index.close()
     if counts:

@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from . import archive, redact
+from . import archive, redact, warmup
 from .agent import Agent
 from .alive import Alive
 from .bell import Bell
@@ -159,7 +159,11 @@ class Runner:
             self.host = self._kernel_host()
             self.toolbox.start()
             self.turns.committer = Committer(self.ws.root)
+            if not once:  # a runner that keeps running: from its configuration alone, as early as can be
+                self.guarded("a warm-up", self._warm_up, False)
             self.recover()
+            if once:  # what --once will call: its waiting goals and sessions (known after recover)
+                self.guarded("a warm-up", self._warm_up, True)
             self.guarded("heartbeats", self.intake.tick_heartbeats)  # ticks missed meanwhile: one message each
             self.guarded("scan", self.scan)
             if not once:
@@ -172,6 +176,13 @@ class Runner:
             if observer is not None:
                 observer.stop()
             self._shutdown()
+
+    def _warm_up(self, once: bool) -> None:
+        """`import litellm` in the background if a model it serves is about to be called (warmup.py)."""
+        names = warmup.models_in_sight(self.ws, self.tree, self.scheduler, self.intake.claimed) if once else \
+            warmup.configured(self.ws)
+        if warmup.litellm_models(self.ws, self.gateway.providers, names):
+            warmup.start()
 
     def _kernel_host(self):
         """Local kernels, or kernels on a Ray cluster (`--ray ADDRESS`, or `hosts:` of kind ray)."""

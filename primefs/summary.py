@@ -9,9 +9,10 @@ last complete line of history.jsonl it counted, the bytes just before that offse
 the history and of the session.yaml it copied. So any reader can tell:
 
 - history unchanged (same inode, mtime, size): nothing to read;
-- history grew and the bytes before the offset are the same: only the new lines are read;
-- history shorter or rewritten, or the summary missing, unreadable, of another version, or for
-  another id: recount from the start;
+- history grew (same file) and the bytes before the offset are the same: only the new lines are read;
+- history shorter than the offset, replaced by another file, changed without growing, or the bytes
+  before the offset differ; the summary missing, unreadable, of another version, or for another id:
+  recount from the start;
 - session.yaml changed: parse it again.
 
 Counting is one fold over events, the same for a recount and an update, and the sums are kept
@@ -101,11 +102,15 @@ def stat_key(path) -> list | None:
     return [st.st_ino, st.st_mtime_ns, st.st_size]
 
 
+def _forget_history(s: dict) -> None:
+    s.update({k: v for k, v in empty(s["id"]).items() if k not in ("meta_key", "meta", "broken")})
+
+
 def read_history(s: dict, f, size: int, each=None) -> None:
     """Bring `s` up to `size` bytes of the open history `f`: only the new lines if the file was only
     appended to since, else everything again. `each(start, end, event)` also sees every line read."""
-    if not still_there(f, s["offset"], s["check"], size):
-        s.update({k: v for k, v in empty(s["id"]).items() if k not in ("meta_key", "meta", "broken")})
+    if s["offset"] == 0 or not still_there(f, s["offset"], s["check"], size):  # nothing read yet: nothing counted
+        _forget_history(s)
     for end, line in iter_lines(f, s["offset"], size):
         start, s["offset"] = s["offset"], end
         try:
@@ -123,8 +128,11 @@ def _history(s: dict, path: Path) -> bool:
     if key == s["history"]:
         return False
     if key is None:  # no history (yet): nothing counted
-        s.update({k: v for k, v in empty(s["id"]).items() if k not in ("meta_key", "meta", "broken")})
+        _forget_history(s)
         return True
+    old = s["history"]
+    if old is not None and (key[0] != old[0] or (key[2] == old[2] and key[1] != old[1])):
+        _forget_history(s)  # another file, or changed in place without growing: not an append, count again
     try:
         with open(path, "rb") as f:
             read_history(s, f, key[2])
@@ -166,9 +174,24 @@ def load(folder: Path) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("id") != Path(folder).name:
         return None
-    if set(data) != set(empty("")) or not isinstance(data["usage"], dict) or set(data["usage"]) != set(zero_usage()):
-        return None
-    return data
+    return data if _well_formed(data) else None
+
+
+def _well_formed(d: dict) -> bool:
+    """Every field of the type a summary has (a file edited by hand is rebuilt, not trusted)."""
+    def key(v) -> bool:
+        return v is None or (isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) for x in v))
+
+    try:
+        u = d["usage"]
+        bytes.fromhex(d["check"])
+        return (set(d) == set(empty("")) and set(u) == set(zero_usage()) and isinstance(u["tools"], dict)
+                and all(isinstance(u[k], (int, float)) for k in u if k != "tools")
+                and all(isinstance(d[k], int) and d[k] >= 0 for k in ("offset", "events", "turns"))
+                and key(d["history"]) and key(d["meta_key"]) and isinstance(d["meta"], dict)
+                and isinstance(d["last"], (dict, type(None))) and isinstance(d["broken"], (str, type(None))))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
 
 
 def fresh(folder: Path, prev: dict | None = None, *, meta: dict | None = None, meta_key=None,

@@ -1,0 +1,158 @@
+"""The index (.primefs/index.sqlite): a cache that may be deleted, damaged or locked at any time;
+`primefs logs` and `primefs reindex` on it."""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+
+import pytest
+from scaletools import cli, fan_out, grow, recount
+
+from primefs import index as indexmod
+from primefs.index import Index, session_ids
+from primefs.session import Session
+
+
+def usage_of_all(ws) -> dict:
+    r = cli(ws, "status", "--json")
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    return {rec["id"]: rec["usage"] for rec in json.loads(r.stdout)}
+
+
+def truth(ws) -> dict:
+    return {sid: recount(ws.sessions / sid)[0] for sid in session_ids(ws.sessions)}
+
+
+def test_deleted_damaged_or_locked_index_still_gives_exact_answers(ws, monkeypatch):
+    ws = fan_out(ws)
+    path = ws.state / indexmod.FILE
+    assert usage_of_all(ws) == truth(ws) and path.exists()
+    for damage in (lambda: path.unlink(), lambda: path.write_bytes(b"garbage" * 1000),
+                   lambda: path.write_bytes(path.read_bytes()[:3000])):
+        for suffix in ("-wal", "-shm"):
+            (ws.state / (indexmod.FILE + suffix)).unlink(missing_ok=True)
+        damage()
+        assert usage_of_all(ws) == truth(ws)
+    # a row damaged by hand (its own table, not the file): the row is written again from the summary
+    db = sqlite3.connect(path)
+    db.execute("UPDATE sessions SET usage = '{}', keys = '[]'")
+    db.commit()
+    db.close()
+    assert usage_of_all(ws) == truth(ws)
+    # another process holds the write lock: answers stay right, the write is skipped (tried again next time)
+    monkeypatch.setattr(indexmod, "BUSY_S", 0.2)
+    s = Session(ws.sessions / session_ids(ws.sessions)[1])
+    s.history.append("model_call", model="m", purpose="llm", input_tokens=3, output_tokens=4, cost_usd=0.0,
+                     cost_known=True, latency_s=0.1)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        index = Index(ws.root)
+        rows = index.sync()
+        index.close()
+        assert {sid: row["usage"] for sid, row in rows.items()} == truth(ws)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert usage_of_all(ws) == truth(ws)
+
+
+def test_names_and_new_sessions_are_found_without_a_full_look(ws):
+    ws = fan_out(ws)
+    grow(ws, 3)
+    index = Index(ws.root)
+    index.sync()
+    newest = max(sid for sid in session_ids(ws.sessions))
+    assert index.find("fan") == max(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).name == "fan")
+    index.close()
+    r = cli(ws, "usage", "fan", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    own, _ = recount(ws.sessions / data["session"])
+    assert data["own"] == own and newest
+
+
+def test_logs_filters_counts_and_json(ws):
+    ws = fan_out(ws)
+    grow(ws, 2)
+    sids = session_ids(ws.sessions)
+    everything = [json.loads(line) for sid in sids for line in open(ws.sessions / sid / "history.jsonl")]
+    r = cli(ws, "logs", "-n", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    events = json.loads(r.stdout)
+    assert len(events) == len(everything) and all("session" in e and "name" in e for e in events)
+    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)  # newest last
+    # -n: the newest N; the footer says how many matched
+    r = cli(ws, "logs", "-n", "3")
+    assert len(r.stdout.splitlines()) == 3 and f"{len(everything):,} matching event(s)" in r.stderr
+    # by type and model, counted
+    r = cli(ws, "logs", "--counts", "--json", "-t", "model_call")
+    counts = json.loads(r.stdout)
+    assert counts["events"] == sum(e["type"] == "model_call" for e in everything)
+    assert counts["model_calls"] == {"scripted/fan.yaml": counts["events"]} and counts["sessions"] == len(sids)
+    r = cli(ws, "logs", "--counts", "--json", "-m", "openai/*")
+    assert json.loads(r.stdout)["events"] == 0
+    # by session (a name: the newest of that name) and its tree, by name pattern, by status
+    root = max(sid for sid in sids if Session(ws.sessions / sid).name == "fan")
+    tree = [sid for sid in sids if sid == root or Session(ws.sessions / sid).meta.get("parent") == root]
+    r = cli(ws, "logs", "-s", "fan", "--tree", "-n", "0", "--json")
+    assert {e["session"] for e in json.loads(r.stdout)} == set(tree)
+    r = cli(ws, "logs", "--name", "fan.*", "--counts", "--json")
+    assert json.loads(r.stdout)["sessions"] == len(sids) - 3
+    r = cli(ws, "logs", "--status", "done", "--counts", "--json")
+    assert json.loads(r.stdout)["events"] == len(everything)
+    # text: words (not parts of words: "child" is not "children"), a prefix
+    r = cli(ws, "logs", "-q", "child", "-t", "task", "-n", "0", "--json")
+    assert sorted(e["text"] for e in json.loads(r.stdout)) == sorted(
+        e["text"] for e in everything if e["type"] == "task" and re.search(r"\bchild\b", e["text"]))
+    r = cli(ws, "logs", "-q", "child*", "-t", "task", "--counts", "--json")
+    assert json.loads(r.stdout)["events"] == sum(e["type"] == "task" for e in everything)
+    # time
+    middle = sorted(e["ts"] for e in everything)[len(everything) // 2]
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(middle + 1))
+    r = cli(ws, "logs", "--since", since, "--counts", "--json")
+    assert json.loads(r.stdout)["events"] == sum(e["ts"] >= int(middle + 1) for e in everything)
+    r = cli(ws, "logs", "--until", "1d", "--counts", "--json")  # a day ago: the copies are ten days old
+    assert json.loads(r.stdout)["events"] == sum(e["ts"] < time.time() - 86400 for e in everything) > 0
+
+
+def test_logs_sees_new_events_and_rewritten_histories(ws):
+    ws = fan_out(ws)
+    assert cli(ws, "logs", "-n", "1").returncode == 0  # indexed
+    sid = session_ids(ws.sessions)[0]
+    s = Session(ws.sessions / sid)
+    s.history.append("notice", text="an unusual marker word: zanzibar")
+    r = cli(ws, "logs", "-q", "zanzibar", "--json")
+    assert [e["text"] for e in json.loads(r.stdout)] == ["an unusual marker word: zanzibar"]
+    path = ws.sessions / sid / "history.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))  # cut (a hand edit)
+    r = cli(ws, "logs", "-q", "zanzibar", "--json")
+    assert json.loads(r.stdout) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--since", "yesterday-ish"), "--since"), (("-q", '"unbalanced'), "--query"), (("--status", "sleeping"), "--status"),
+    (("-s", "nobody"), "nobody"), (("-n", "-1"), "--count"), (("--tree",), "--tree")])
+def test_logs_mistakes_are_one_line(ws, args, words):
+    ws = fan_out(ws)
+    r = cli(ws, "logs", *args)
+    assert r.returncode == 1 and r.stderr.startswith("error:") and words in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_reindex_rebuilds_everything(ws):
+    ws = fan_out(ws)
+    grow(ws, 2)
+    before = cli(ws, "logs", "-n", "0", "--json").stdout
+    (ws.state / indexmod.FILE).write_bytes(b"not a database")
+    r = cli(ws, "reindex", "--json")
+    assert r.returncode == 0, r.stderr
+    done = json.loads(r.stdout)
+    total = sum(1 for sid in session_ids(ws.sessions) for _ in open(ws.sessions / sid / "history.jsonl"))
+    assert done["sessions"] == len(session_ids(ws.sessions)) and done["events"] == total
+    assert cli(ws, "logs", "-n", "0", "--json").stdout == before
+    r = cli(ws, "reindex", "--summaries")
+    assert r.returncode == 0 and "indexed" in r.stdout
+    assert usage_of_all(ws) == truth(ws)
