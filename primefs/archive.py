@@ -89,7 +89,6 @@ def plan(ws, index: Index, *, before: float | None = None, statuses=DEFAULT_STAT
     """The trees that can be archived now, and why the others cannot (reason -> trees)."""
     rows = index.sync()
     skipped: Counter = Counter()
-    goals_used = Counter(row["goal"] for row in rows.values() if row["goal"])
     out = []
     for root, members in _trees(rows).items():
         tree = [rows[sid] for sid in members]
@@ -107,11 +106,18 @@ def plan(ws, index: Index, *, before: float | None = None, statuses=DEFAULT_STAT
         if why:
             skipped[why] += 1
             continue
-        goal = rows[root]["goal"]
-        if not goal or goals_used[goal] > sum(1 for r in tree if r["goal"] == goal) or not (ws.root / goal).is_file():
-            goal = None  # another session names it too (or it is gone): it stays
-        out.append({"root": root, "name": rows[root]["name"], "sessions": members, "goal": goal,
+        out.append({"root": root, "name": rows[root]["name"], "sessions": members, "goal": None,
                     "file": f"{ARCHIVE}/{root}.zip", "last_ts": max((r["last_ts"] or 0) for r in tree)})
+    # A goal file goes with the last tree that names it, when no session staying names it: it must
+    # stay while one does (the runner takes a goal no session names), and must not stay behind alone.
+    leaving = {sid for t in out for sid in t["sessions"]}
+    staying = {row["goal"] for sid, row in rows.items() if sid not in leaving and row["goal"]}
+    for t in out:
+        goal = rows[t["root"]]["goal"]
+        if goal and goal not in staying and (ws.root / goal).is_file():
+            for other in out:
+                other["goal"] = None if other["goal"] == goal else other["goal"]
+            t["goal"] = goal
     return out, skipped
 
 
