@@ -33,6 +33,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import PrimefsError
+from .eventindex import sync_events
 from .fsutil import fsync_dir, write_atomic
 from .gitops import commit_paths, git
 from .index import Index
@@ -128,8 +129,6 @@ def _keys(folder: Path) -> list:
 def archive_tree(ws, index: Index, tree: dict, busy=lambda sid: False) -> bool:
     """Steps 1-7 for one tree. False (and the tree back in place) if something arrived meanwhile."""
     root, members, goal = tree["root"], tree["sessions"], tree["goal"]
-    from .eventindex import sync_events
-
     sync_events(index, members)  # its events are found through the index once it is zipped
     stage = staging(ws) / root
     stage.mkdir(parents=True, exist_ok=False)
