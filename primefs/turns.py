@@ -46,7 +46,7 @@ class Turns:
         a = self.agents.get(sid)
         if a is not None and a.messages is not None:
             return a.turns
-        return sum(1 for e in self.tree.session(sid).events("turn_start") if not e.get("resumed"))
+        return self.tree.session(sid).summary()["turns"]  # its summary: no history read whole
 
     # -- the worker -------------------------------------------------------------------------------
     def work(self, sid: str) -> bool:
