@@ -1,0 +1,145 @@
+"""A workspace that grows for months: N sessions copied from a real run (bigworkspace.py), ~100 events
+each, one tree of 1,000 sessions; every command timed as a user runs it (a fresh process, warm page
+cache, median of REPEAT runs after one that may bring summaries and the index up to date).
+
+    python bench/scale.py                 # N = 1000 10000 50000, then the table
+    python bench/scale.py 10000 --keep    # keep the workspace (printed) instead of deleting it
+    python bench/scale.py 10000 --before /tmp/primefs-main   # also the same commands with another
+                                          # source tree on PYTHONPATH (e.g. `git archive main`), for "before"
+
+Measured per N: the first `status --json` on histories without summaries or index (what the first
+command after an upgrade pays), `reindex`, `status --json`, `status`, `usage` of the 1,000-session
+tree, three `logs` queries, `git status`, one turn commit (gitops.commit_paths of one changed session),
+and a runner's start to the first turn of a new goal (`run --once`, from process start to `turn_start`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bigworkspace import build, seed
+
+from primefs.gitops import commit_paths
+from primefs.summary import FILE as SUMMARY
+
+REPEAT = 3
+PROBE = '  - match: "^Scale probe"\n    replies:\n      - text: "probed"\n'
+
+
+def folders(ws: Path) -> list[Path]:
+    return sorted(p for p in (ws / "sessions").iterdir() if p.is_dir())
+
+
+def timed(ws: Path, *args: str, env: dict | None = None, timeout: float = 1800) -> float:
+    started = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws), *args], capture_output=True, text=True,
+                       env=env, timeout=timeout)
+    took = time.monotonic() - started
+    if r.returncode != 0:
+        raise SystemExit(f"primefs {' '.join(args)} failed: {r.stderr[-2000:]}")
+    return took
+
+
+def median(fn, repeat: int = REPEAT) -> float:
+    fn()  # brings summaries and the index up to date, warms the page cache
+    return round(statistics.median(fn() for _ in range(repeat)), 3)
+
+
+def first_turn(ws: Path, env: dict | None = None) -> float:
+    """`run --once` with one new goal: process start to that goal's first `turn_start`."""
+    name = f"probe{time.time_ns()}"
+    (ws / "goals" / f"{name}.md").write_text(f"---\nname: {name}\n---\nScale probe\n")
+    started = time.time()
+    subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws), "run", "--once", "-q"], check=True, env=env,
+                   timeout=600)
+    for folder in reversed(folders(ws)):
+        if f"name: {name}\n" in (folder / "session.yaml").read_text():
+            for line in open(folder / "history.jsonl"):
+                e = json.loads(line)
+                if e["type"] == "turn_start":
+                    return e["ts"] - started
+    raise SystemExit("the probe goal never started a turn")
+
+
+def turn_commit(ws: Path) -> float:
+    found = folders(ws)
+    folder = found[len(found) // 2]
+    with open(folder / "result.md", "a") as f:
+        f.write(".")
+    started = time.monotonic()
+    assert commit_paths(ws, [f"sessions/{folder.name}"], f"bench: {folder.name}")
+    return time.monotonic() - started
+
+
+def git_status(ws: Path) -> float:
+    started = time.monotonic()
+    subprocess.run(["git", "-C", str(ws), "status", "--porcelain"], check=True, capture_output=True)
+    return time.monotonic() - started
+
+
+def measure(ws: Path, big_root: str, env: dict | None = None, first: bool = True) -> dict:
+    out = {}
+    if first:  # as after an upgrade: no summary, no index
+        for folder in folders(ws):
+            (folder / SUMMARY).unlink(missing_ok=True)
+        shutil.rmtree(ws / ".primefs", ignore_errors=True)
+        out["first status --json (builds summaries)"] = round(timed(ws, "status", "--json", env=env), 2)
+        out["reindex"] = round(timed(ws, "reindex", env=env), 2)
+    out["primefs --version (process start, imports)"] = median(lambda: timed(ws, "--version", env=env))
+    out["status --json"] = median(lambda: timed(ws, "status", "--json", env=env))
+    out["status"] = median(lambda: timed(ws, "status", env=env))
+    out["usage (1,000-session tree)"] = median(lambda: timed(ws, "usage", big_root, "--json", env=env))
+    if first:
+        out["logs -n 20"] = median(lambda: timed(ws, "logs", "-n", "20", env=env))
+        out["logs -q 'row 17' --since 20d -n 20"] = median(lambda: timed(ws, "logs", "-q", "row 17", "--since", "20d",
+                                                                          env=env))
+        out["logs -m ... -t model_call --counts"] = median(lambda: timed(ws, "logs", "-m", "scripted/*", "-t",
+                                                                         "model_call", "--counts", env=env))
+        out["git status"] = median(lambda: git_status(ws))
+        out["turn commit"] = median(lambda: turn_commit(ws))
+    out["run --once: start to first turn"] = median(lambda: first_turn(ws, env))
+    return out
+
+
+def main(sizes: list[int], keep: bool, before: str | None) -> None:
+    seeded = seed()
+    with open(seeded / "script.yaml", "a") as f:
+        f.write(PROBE)  # (rules are tried in order: the probe's own rule, added last, matches only it)
+    results = {}
+    for n in sizes:
+        root = Path(tempfile.mkdtemp(prefix=f"primefs-scale-{n}-")) / "ws"
+        info = build(n, root, big=1000, seed_root=seeded)
+        print(json.dumps({"n": n, **info}), flush=True)
+        results[n] = {"after": measure(root, info["big_root"])}
+        print(json.dumps({"n": n, "after": results[n]["after"]}), flush=True)
+        if before:
+            env = {**os.environ, "PYTHONPATH": before}
+            results[n]["before"] = measure(root, info["big_root"], env=env, first=False)
+            print(json.dumps({"n": n, "before": results[n]["before"]}), flush=True)
+        if keep:
+            print(f"kept: {root}", flush=True)
+        else:
+            shutil.rmtree(root.parent)
+    rows = list(next(iter(results.values()))["after"])
+    print("\n| measure | " + " | ".join(f"{n:,} sessions" for n in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    for row in rows:
+        cells = []
+        for n in sizes:
+            after, was = results[n]["after"].get(row), results[n].get("before", {}).get(row)
+            cells.append(f"{after} s" + (f" (before: {was} s)" if was is not None else ""))
+        print(f"| {row} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    before = args[args.index("--before") + 1] if "--before" in args else None
+    sizes = [int(a) for a in args if a.isdigit()] or [1000, 10000, 50000]
+    main(sizes, "--keep" in args, before)
