@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from . import __version__
 from .errors import PrimefsError
@@ -30,13 +31,19 @@ def _quiet_loop_teardown(unraisable, _default=sys.unraisablehook):
 sys.unraisablehook = _quiet_loop_teardown
 
 
+# Commands that watch until Ctrl-C: for them Ctrl-C is the normal end (exit 0).
+WATCHERS = {"run", "log", "tail", "attach", "agents", "serve", "wait", "ask"}
+
+
 class Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except PrimefsError as exc:
-            err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+            err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
             sys.exit(1)
+        except KeyboardInterrupt:  # never click's "Aborted!": watchers end with 0, anything else with 130
+            sys.exit(0 if ctx.invoked_subcommand in WATCHERS else 130)
 
 
 

@@ -87,7 +87,7 @@ def test_goal_run_status_log_usage(home):
     assert all("ts" in e and "type" in e for e in events)
     assert {"task", "model_call", "assistant", "cell", "result", "status"} <= {e["type"] for e in events}
     readable = cli("log", rec["name"], cwd=home).stdout
-    assert "task" in readable and "Three files" in readable and "cell" in readable
+    assert "task" in readable and "Three files" in readable and " output" in readable  # a cell is shown as its output
     u = json.loads(cli("usage", rec["id"], "--json", cwd=home).stdout)
     assert u["session"] == rec["id"] and u["own"] == u["tree"] == rec["usage"]
     assert set(u["own"]) >= {"calls", "input_tokens", "output_tokens", "cost_usd", "wall_s"}

@@ -80,18 +80,20 @@ def test_up_runner_goal_tail_agents_down(ws, scripted, daemon_cleanup):
     # agents --once: one frame with the tree
     frame = cli(ws, "agents", "--once")
     assert frame.returncode == 0, frame.stderr
-    assert s.id in frame.stdout and "sums" in frame.stdout and "idle" in frame.stdout
-    assert f"runner: pid {pid}" in frame.stdout and "turn_end" in frame.stdout
+    assert "sums" in frame.stdout and "idle" in frame.stdout
+    assert f"runner pid {pid}" in frame.stdout and "turn_end" in frame.stdout
+    rows = json.loads(cli(ws, "agents", "--once", "--json").stdout)
+    assert any(r["id"] == s.id and r["name"] == "sums" and r["status"] == "idle" for r in rows)
     # tail: the existing events, then it keeps following until Ctrl-C (SIGINT)
     tail = subprocess.Popen([*PRIMEFS, "tail", "sums", "-w", str(ws.root)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
     out = b""
     deadline = time.monotonic() + 20
-    while b"turn end 1" not in out and time.monotonic() < deadline:
+    while b"turn 1 ended" not in out and time.monotonic() < deadline:
         ready, _, _ = select.select([tail.stdout], [], [], 0.5)
         if ready:
             out += os.read(tail.stdout.fileno(), 65536)
-    assert b"turn end 1" in out and b"print(6 * 7)" in out and b"42" in out
+    assert b"turn 1 ended" in out and b"print(6 * 7)" in out and b"42" in out
     assert tail.poll() is None  # still following
     tail.send_signal(signal.SIGINT)
     assert tail.wait(10) == 0 and b"Traceback" not in tail.stderr.read()
@@ -113,7 +115,7 @@ def test_down_and_runner_with_none_running(ws):
     assert r.returncode == 0 and r.stdout.strip() == "no runner is running"
     assert cli(ws, "runner").stdout.startswith("no runner is running")
     frame = cli(ws, "agents", "--once")
-    assert "runner: not running" in frame.stdout and "no sessions yet" in frame.stdout
+    assert "no runner" in frame.stdout and "no sessions yet" in frame.stdout
     bad = cli(ws, "tail", "nobody")
     assert bad.returncode == 1 and bad.stderr.startswith("error: no session")
 
