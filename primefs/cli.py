@@ -1,6 +1,7 @@
 """The `primefs` command line. User mistakes print one line and exit non-zero, never a traceback."""
 from __future__ import annotations
 
+import re
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from . import __version__
 from .errors import PrimefsError
@@ -17,6 +19,8 @@ from .cliopts import emit, json_option, ray_address, ray_option, workspace, ws_o
 from .workspace import init_workspace
 
 err = Console(stderr=True, highlight=False)
+TURN_LINE = re.compile(r"\S+ \(.*\): turn \d+ (started|resumed|ended)")
+RUN_PROBLEMS = 3  # `run --once`: a session failed or a goal file was rejected (docs/cli.md, exit codes)
 
 
 def _quiet_loop_teardown(unraisable, _default=sys.unraisablehook):
@@ -147,17 +151,48 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
 @main.command()
 @click.option("--once", is_flag=True, help="Exit when no session has work left (default: keep watching).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing while running.")
+@click.option("--verbose", "-v", is_flag=True, help="Show each session's work as it happens: the model's "
+              "text and code as they stream, each cell's output, messages, results.")
 @ray_option
 @ws_option
 @click.pass_context
-def run(ctx, once, quiet, ray):
-    """Run the agents in the foreground: pick up goals, deliver mail, run turns. Ctrl-C stops."""
+def run(ctx, once, quiet, verbose, ray):
+    """Run the agents in the foreground: pick up goals, deliver mail, run turns. Ctrl-C stops.
+
+    With --once, the exit code says how it went: 0 when every session it ran ended without failure
+    and every goal file was accepted, 3 otherwise (the work is still all done and recorded).
+    """
+    from . import livefeed
+    from .logview import Narrator
     from .runner import Runner
 
     ws = workspace(ctx)
-    log = (lambda m: None) if quiet else (lambda m: err.print(f"[dim]{datetime.now():%H:%M:%S}[/dim] {m}",
-                                                            markup=True, highlight=False, soft_wrap=True))
-    Runner(ws, log=log, ray=ray_address(ws, ray)).run(once=once)
+    if quiet and verbose:
+        raise click.UsageError("--quiet and --verbose exclude each other")
+    narrator = Narrator(Console(highlight=False), ws.sessions) if verbose else None
+
+    def log(msg: str) -> None:
+        if quiet or (narrator and TURN_LINE.match(msg)):  # -v shows turns as events already
+            return
+        line = Text.assemble((f"{datetime.now():%H:%M:%S} ", "dim"), msg)
+        narrator.say(line) if narrator else err.print(line, soft_wrap=True)
+
+    runner = Runner(ws, log=log, ray=ray_address(ws, ray))
+    if narrator:
+        livefeed.listen(narrator)
+    try:
+        runner.run(once=once)
+    finally:
+        if narrator:
+            livefeed.unlisten(narrator)
+    if once:
+        outcome = runner.outcome()
+        said = [f"{len(outcome['failed'])} session(s) failed: {', '.join(outcome['failed'])}"] if outcome["failed"] else []
+        said += [f"goal file rejected: {rel}" for rel in outcome["rejected"]]
+        for line in said:
+            err.print(f"error: {line}", markup=False, soft_wrap=True)
+        if said:
+            ctx.exit(RUN_PROBLEMS)
 
 
 def goal_notes(ws, model: str | None) -> list[str]:

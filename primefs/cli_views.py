@@ -9,6 +9,7 @@ from rich.table import Table
 
 from .accounting import UsageIndex, tree_order
 from .cliopts import workspace, ws_option
+from .daemon import lock_held
 from .errors import PrimefsError
 from .goals import goal_listing, parse_goal
 from .session import find_session
@@ -41,6 +42,8 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
 
     from .session import broken_goal_line
 
+    from .intake import REJECTED
+
     taken = {s.meta.get("goal") for s in index.sessions.values()}
     taken |= {broken_goal_line(s.dir / "session.yaml") for s in list_sessions(ws.sessions) if s.id not in index.sessions}
     conditions = None
@@ -48,24 +51,44 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
     problems += [f"error: session broken: {p}" for p in index.problems]
     files, strays = goal_listing(ws)
     problems += [f"error: {stray}" for stray in strays]
+    running = lock_held(ws)
+    refused = _read_json(ws.state / REJECTED) if running else {}
     for path in files:
         rel = path.relative_to(ws.root).as_posix()
         if rel in taken:
+            continue
+        seen = refused.get(rel)
+        try:
+            if isinstance(seen, dict) and seen.get("mtime") == path.stat().st_mtime:
+                problems.append(f"error: rejected by the runner: {seen.get('error')}")
+                continue
+        except OSError:
             continue
         if conditions is None:
             conditions = end_conditions(plugin_manager(ws.root))
         try:
             parse_goal(ws, path, conditions)
-            problems.append(f"{rel}: waiting for a runner")
+            problems.append(f"{rel}: " + ("new, the runner takes it within seconds" if running else
+                                          "waiting for a runner (start one: primefs up)"))
         except PrimefsError as exc:
             problems.append(f"error: {exc}")
     return problems
+
+
+def _read_json(path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def status_row(r: dict) -> Row:
     tu = r["tree_usage"]
     label = r["status"] + (f" ({r['stop_reason']})" if r["stop_reason"] and r["status"] not in ("done", "running")
                            else "")
+    if r.get("interrupted"):
+        label = "interrupted"
     detail = r["error"] if r["status"] in ("failed", "broken") else (r["result"] or r["goal"] or "")
     return Row(id=r["id"], name=r["name"] or r["id"], parent=r["parent"], status=r["status"], label=label,
                turns=r["turns"], tokens=tu["input_tokens"] + tu["output_tokens"], cost=tu["cost_usd"],
@@ -95,6 +118,10 @@ def status(ctx, session, show_all, as_json):
         wanted = _subtree(index, root) | {root}
         order = [sid for sid in order if sid in wanted]
     records = [session_record(index, sid) for sid in order]
+    if not lock_held(ws):  # cut off mid-turn by a runner that stopped: not at work now
+        for r in records:
+            if r["status"] == "running":
+                r["interrupted"] = True
     problems = [] if session else goal_problems(ws, index)
     if as_json:
         click.echo(json.dumps(records, indent=2, default=str))
@@ -109,8 +136,26 @@ def status(ctx, session, show_all, as_json):
         out.print(table(items, width, last="goal / result"), soft_wrap=not out.is_terminal)
     else:
         out.print("no sessions yet")
+    for line in notes(records):
+        out.print(line, markup=False, soft_wrap=True)
     for p in problems:
         (err if p.startswith("error:") else out).print(p, markup=False, soft_wrap=True)
+
+
+MAX_ERRORS = 10
+
+
+def notes(records: list[dict]) -> list[str]:
+    """What the table cuts short or cannot say: each failure's whole error, sessions that resume."""
+    failed = [r for r in records if r["status"] in ("failed", "broken") and r["error"]]
+    lines = [f"error: {r['name'] or r['id']} ({r['id']}): {r['error']}" for r in failed[-MAX_ERRORS:]]
+    if len(failed) > MAX_ERRORS:
+        lines.insert(0, f"{len(failed)} sessions failed; the last {MAX_ERRORS}:")
+    cut = sum(1 for r in records if r.get("interrupted"))
+    if cut:
+        lines.append(f"{cut} session{'s were' if cut > 1 else ' was'} interrupted (no runner is running): "
+                     "the turn goes on where it stopped when a runner starts (primefs up)")
+    return lines
 
 
 def _subtree(index, root: str) -> set[str]:

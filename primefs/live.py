@@ -23,7 +23,8 @@ from rich.text import Text
 from .cliopts import workspace, ws_option
 from .daemon import human_age, runner_state
 from .errors import PrimefsError
-from .logview import print_events
+from .livefeed import StreamTail, stream_path
+from .logview import EventPrinter, print_events
 from .session import Session, find_session, list_sessions, session_names
 from .sessionsview import Row, arrange, table, window
 
@@ -99,17 +100,17 @@ class HistoryReader:
 def follow(session: Session, console: Console, stop_event: threading.Event | None = None,
            from_start: bool = True, *, last: int | None = None, names: dict[str, str] | None = None,
            poll: float = POLL_S, header: bool = True) -> int:
-    """Print a session's events, then stream new ones as they are appended, until `stop_event` is set.
+    """Print a session's events, then stream new ones as they are appended, and the text of a model
+    reply as it streams, until `stop_event` is set.
 
     from_start: print the events already there first (only the `last` N of them if given);
-    otherwise start at the end of the file. Each batch goes through logview.print_events; the
-    session header line is printed once, at the start (when `header`). New sessions appearing in
-    events (spawns) get their names looked up again. Ctrl-C propagates as KeyboardInterrupt.
-    Returns the number of events printed.
+    otherwise start at the end of the file. The session header line is printed once, at the start
+    (when `header`). New sessions appearing in events (spawns) get their names looked up again.
+    Ctrl-C propagates as KeyboardInterrupt. Returns the number of events printed.
     """
     reader = HistoryReader(session.dir / "history.jsonl")
-    names = dict(names) if names is not None else session_names(session.dir.parent)
-    printed = 0
+    stream = StreamTail(stream_path(session.dir.parent.parent / ".primefs", session.id))
+    printer = EventPrinter(console, dict(names) if names is not None else session_names(session.dir.parent))
     if from_start:
         events = reader.read()
         if last is not None:
@@ -118,28 +119,24 @@ def follow(session: Session, console: Console, stop_event: threading.Event | Non
         reader.seek_end()
         events = []
     if header:
-        print_events(console, session, events, names)
-    elif events:
-        print_events(console, session, events, names, header=False)
-    printed += len(events)
-    while True:
-        if stop_event is not None:
-            if stop_event.wait(poll):
-                break
-        else:
-            time.sleep(poll)
-        events = reader.read()
-        if not events:
-            continue
+        printer.header(session)
+    printed = 0
+
+    def show(events: list[dict]) -> None:
+        nonlocal printed
         if any(e.get("type") in ("spawn", "sent", "message") for e in events):
-            names = session_names(session.dir.parent)
-        print_events(console, session, events, names, header=False)
+            printer.names = session_names(session.dir.parent)
+        printer.events(events)
         printed += len(events)
-    # last look: events written just before the stop
-    events = reader.read()
-    if events:
-        print_events(console, session, events, names, header=False)
-        printed += len(events)
+        text = stream.read()  # after the history: a reply streaming now comes after the events before it
+        if text:
+            printer.event({"type": "delta", "ts": time.time(), "text": text})
+
+    show(events)
+    while not (stop_event.wait(poll) if stop_event is not None else time.sleep(poll)):
+        show(reader.read())
+    show(reader.read())  # last look: events written just before the stop
+    printer.end_line()
     return printed
 
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from datetime import datetime
+from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
+
+from .session import Session
 
 
 def _ts(e: dict) -> str:
@@ -37,6 +41,9 @@ class EventPrinter:
     def __init__(self, out: Console | None = None, names: dict[str, str] | None = None):
         self.out = out or Console(highlight=False)
         self.names = names or {}
+        self.streamed = ""  # text of the reply shown as it streamed (its `assistant` event shows the rest)
+        self.mid_line = False  # streamed text ended without a newline
+        self.tag = ""  # printed before each label: the session, when several are shown together
 
     def who(self, sid: str) -> str:
         return f"{sid} ({self.names[sid]})" if sid in self.names else str(sid)
@@ -44,11 +51,19 @@ class EventPrinter:
     # -- output primitives ------------------------------------------------------------------------
     def head(self, e: dict, label: str, style: str, rest: str = "") -> None:
         """One line: time, a coloured label, then text (wrapped on a terminal, as is when piped)."""
+        self.end_line()
         line = Text(_ts(e) + " ", style="dim")
+        if self.tag:
+            line.append(self.tag + " ", style="bold")
         line.append(label, style=style)
         if rest:
             line.append(" " + rest)
         self.out.print(line, soft_wrap=not self.out.is_terminal)
+
+    def end_line(self) -> None:
+        if self.mid_line:
+            self.out.print()
+            self.mid_line = False
 
     def prose(self, text: str) -> None:
         if text:
@@ -100,12 +115,36 @@ class EventPrinter:
                   f"{e['input_tokens']:,} in, {e['output_tokens']:,} out, {e['latency_s']:.2f} s{cost}")
 
     def _model_error(self, e):
+        self._end_stream()
         retry = f", retry in {e['retry_in_s']:g} s" if e.get("retry_in_s") else ""
         self.head(e, f"model error (attempt {e['attempt']}{retry})", "red", e["error"])
 
+    def _delta(self, e):
+        """A piece of a reply as it streams (`attach`, `log -f`, `run -v`; never in history.jsonl)."""
+        if not self.mid_line:  # a new line: say whose text this is
+            self.head(e, "assistant" + (" (cont.)" if self.streamed else ""), "bold green")
+        self.streamed += e["text"]
+        self.out.print(Text(e["text"], style="green" if self.out.is_terminal else ""), end="", soft_wrap=True)
+        self.out.file.flush()
+        self.mid_line = True
+
+    def _end_stream(self, text: str = "") -> bool:
+        """The streamed reply is complete: show what the stream had not shown yet. False if the stream
+        did not show the start of `text` (then the whole reply is printed as usual)."""
+        streamed, self.streamed = self.streamed, ""
+        shown = bool(streamed) and text.startswith(streamed)
+        if shown and text[len(streamed):]:
+            self.out.print(Text(text[len(streamed):]), end="", soft_wrap=True)
+            self.mid_line = True
+        self.end_line()
+        return shown
+
     def _assistant(self, e):
-        self.head(e, "assistant", "bold green")
         text, at = e.get("text") or "", 0
+        if self._end_stream(text):
+            text = ""  # shown as it streamed; its tool calls follow
+        else:
+            self.head(e, "assistant", "bold green")
         for m in re.finditer(r"```[^\n]*\n.*?```", text, re.DOTALL):  # fenced code: never wrapped
             self.prose(text[at:m.start()].strip("\n"))
             self.verbatim(m.group(0), "cyan")
@@ -224,6 +263,39 @@ class EventPrinter:
     def _tool_call(self, e):
         failed = f": {e['error']}" if e.get("error") else ""
         self.head(e, f"tool {e['name']}", "red" if failed else "dim", f"{e['duration_s']:.2f} s{failed}")
+
+
+class Narrator:
+    """`primefs run -v`: what every session of this runner does, as it happens (a livefeed listener):
+    each session's events and streamed replies, each line tagged with the session's name."""
+
+    def __init__(self, out: Console, sessions_dir: Path):
+        self.out, self.dir = out, sessions_dir
+        self.printers: dict[str, EventPrinter] = {}
+        self.current: str | None = None
+        self.lock = threading.Lock()  # sessions' turns run in threads of their own
+
+    def __call__(self, sid: str, e: dict) -> None:
+        with self.lock:
+            printer = self.printers.get(sid)
+            if printer is None:
+                printer = self.printers[sid] = EventPrinter(self.out)
+                try:
+                    printer.tag = Session(self.dir / sid).name
+                except Exception:  # noqa: BLE001 - a broken session.yaml: its id will do
+                    printer.tag = sid
+            if self.current != sid and self.current in self.printers:
+                self.printers[self.current].end_line()  # another session's stream was mid-line
+            self.current = sid
+            printer.events([e])
+
+    def say(self, line) -> None:
+        """A line of the runner's own log (stderr), never in the middle of a streamed reply."""
+        with self.lock:
+            if self.current in self.printers:
+                self.printers[self.current].end_line()
+            self.out.file.flush()
+            Console(stderr=True, highlight=False).print(line, soft_wrap=True)
 
 
 def print_events(out: Console, session, events: list[dict], names: dict[str, str] | None = None,

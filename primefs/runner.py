@@ -105,8 +105,7 @@ class Runner:
         self.ws = ws
         self.ray = ray  # `run --ray ADDRESS`: kernels on that Ray cluster (else `hosts:` decides)
         self.log = OnceLog(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
-        self.limits = ws.limits()
-        redact.configure(ws.config)  # the keys this workspace names are never written to a file
+        self._configure()
         self.pm = plugin_manager(ws.root)
         conditions = end_conditions(self.pm)
         self.bell = Bell()
@@ -126,6 +125,11 @@ class Runner:
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
 
+    def _configure(self) -> None:
+        """Settings from primefs.yaml (again after it changed: Intake.check_config)."""
+        self.limits = self.ws.limits()
+        redact.configure(self.ws.config)  # the keys this workspace names are never written to a file
+
     def _make_agent(self, session: Session) -> Agent:
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,
                      bell=self.bell, toolbox=self.toolbox)
@@ -136,6 +140,17 @@ class Runner:
 
     def refine(self, sid: str, **request) -> dict:
         return self.turns.refine(self.turns.agent(sid), **request)
+
+    def outcome(self) -> dict:
+        """What went wrong under this runner: sessions that failed (and still are), goal files refused."""
+        failed = []
+        for sid in sorted(self.turns.failed):
+            try:
+                if self.tree.session(sid).reload().get("status") == "failed":
+                    failed.append(sid)
+            except (PrimefsError, OSError):
+                failed.append(sid)
+        return {"failed": failed, "rejected": sorted(self.intake.rejected)}
 
     def stop(self) -> None:
         """Ask a running `run()` to return (from another thread)."""
@@ -202,15 +217,19 @@ class Runner:
             if not once and now - last_tick >= 0.25:  # the loop wakes often: rate-limit
                 self.guarded("heartbeats", self.intake.tick_heartbeats)
                 last_tick = now
+            look = self.intake.next_look  # a goal file being written: read it once it settles
+            if look is not None and now >= look:
+                self.guarded("goals", self.intake.scan_goals)
+                look = self.intake.next_look
             with self.bell.cond:
                 self.scheduler.dispatch()
                 if self.bell.stopping:
                     return
-                if not (once and self.scheduler.idle()):
-                    self.bell.cond.wait(1.0)
+                if not (once and self.scheduler.idle()) or look is not None:
+                    self.bell.cond.wait(1.0 if look is None else min(1.0, max(0.02, look - time.monotonic())))
                     continue
             self.guarded("scan", self.scan)  # one last look: files may have come from outside meanwhile
-            if self.scheduler.idle():
+            if self.scheduler.idle() and self.intake.next_look is None:
                 return
 
     def _handle_sigterm(self) -> None:
@@ -232,6 +251,7 @@ class Runner:
         self.bell.ring()  # release waiters in wait()/recv()
         self.turns.interrupt_all()
         self.scheduler.join(10)
+        self.gateway.drain(2.0)
         self.turns.shutdown_kernels()
         if self.host is not None:
             self.host.close()
@@ -257,6 +277,8 @@ class Runner:
         except ValueError:
             return
         if rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
+            if self.intake.check_config():  # a goal for a model just added to primefs.yaml
+                self._configure()
             self.intake.scan_goals()
         elif len(rel) >= 4 and rel[0] == "sessions" and rel[2:4] == ("mail", "new"):
             self.turns.mail_arrived(rel[1])
@@ -291,6 +313,8 @@ class Runner:
                 self.intake.watch_heartbeats(s.id)
 
     def scan(self) -> None:
+        if self.intake.check_config():
+            self._configure()
         self.intake.scan_goals()
         for s in list_sessions(self.ws.sessions):
             try:

@@ -31,6 +31,7 @@ class Turns:
         self.make_agent, self.commit_hand_edits, self.log = make_agent, commit_hand_edits, log
         self.committer: Committer | None = None
         self.agents: dict[str, Agent] = {}
+        self.failed: set[str] = set()  # sessions that failed under this runner (`run --once` exit code)
         self._lock = threading.Lock()
         self._idle: OrderedDict[str, None] = OrderedDict()  # idle sessions holding a kernel, oldest first
         self.max_idle_kernels = int(ws.limits()["max_idle_kernels"])
@@ -78,6 +79,7 @@ class Turns:
             s = self.tree.session(sid)
             s.history.append("error", error=f"{type(exc).__name__}: {exc}")
             s.set_status("failed", error=f"{type(exc).__name__}: {exc}", stop_reason="error")
+            self.failed.add(sid)
             self.report_to_parent(s, None)
         except Exception:
             pass
@@ -155,6 +157,8 @@ class Turns:
         agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status=s.status,
                      stop_reason=s.meta.get("stop_reason"))
         self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
+        if s.status == "failed":
+            self.failed.add(s.id)
         self.report_to_parent(s, turn)
         self.commit_hand_edits()
         self._commit(s, f"turn {turn} {outcome}")

@@ -148,7 +148,9 @@ def test_broken_goals_are_reported_and_others_still_run(home):
     (goals / "ctx.md").write_text("---\ncontext: [nowhere.txt]\nmodel: scripted/script.yaml\n---\ntask\n")
     (goals / "good.md").write_text("---\nmodel: scripted/script.yaml\n---\nlargest files\n")
     r = cli("run", "--once", cwd=home)
-    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert r.returncode == 3 and "Traceback" not in r.stderr  # the good goal ran; the others were rejected
+    for f in ("broken.md", "latin1.md", "alias.md", "ctx.md"):
+        assert f"error: goal file rejected: goals/{f}" in r.stderr
     assert "goals/broken.md:3" in r.stderr  # file and line
     assert "goals/latin1.md" in r.stderr and "UTF-8" in r.stderr
     assert "nonexistent-alias" in r.stderr and "nowhere.txt" in r.stderr

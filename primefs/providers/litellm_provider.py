@@ -79,7 +79,7 @@ class LiteLLMProvider:
             for chunk in stream:
                 chunks.append(chunk)
                 if progress:
-                    progress()
+                    progress(_text_of(chunk))
                 if cancel is not None and cancel.is_set():
                     raise ModelError("the model call was cancelled", retryable=False)
         finally:
@@ -90,6 +90,13 @@ class LiteLLMProvider:
                 except Exception:  # noqa: BLE001 - closing is best effort
                     pass
         return chunks
+
+
+def _text_of(chunk) -> str:
+    try:
+        return chunk.choices[0].delta.content or ""
+    except (AttributeError, IndexError, TypeError):
+        return ""
 
 
 def _to_reply(litellm, response, model: str) -> ModelReply:
