@@ -319,3 +319,27 @@ def test_render_for_prompt_respects_memory_budget(ws, h):
     none = render_for_prompt(entries, memory_budget_chars=0)
     assert "5 more memories not shown" in none and "Fact number" not in none
     assert render_for_prompt([]) == ""
+
+
+def test_put_with_unchanged_content_writes_and_commits_nothing(ws, h):
+    sha = h.put("memory", "m", "The sky is blue.", description="Sky", mood="calm")
+    path = ws.harness / "memory" / "m.md"
+    text, last = path.read_text(), head(ws)
+    # same body, description and fields; another source and session: only provenance would differ
+    assert h.put("memory", "m", "The sky is blue.", description="Sky", mood="calm") is None
+    assert h.put("memory", "m", "The sky is blue.\n", source="user", session="s9") is None
+    assert h.put("memory", "m", None, description="Sky") is None  # body kept, nothing else given
+    assert path.read_text() == text and head(ws) == last == sha and clean(ws)
+    assert h.put("memory", "m", None, mood="grey") != last  # a real change still commits
+    # a skill: its modules count as content
+    h.put("skill", "tool", "Use it.", description="A tool", files={"tool.py": "x = 1\n"})
+    before = head(ws)
+    assert h.put("skill", "tool", "Use it.", files={"tool.py": "x = 1\n", "gone.py": None}) is None
+    assert head(ws) == before
+    assert h.put("skill", "tool", "Use it.", files={"tool.py": "x = 2\n"}) is not None
+    # a hand-written file without a primefs block: put of the same content leaves it alone
+    (ws.harness / "notes" / "hand.md").write_text("---\nname: hand\n---\nWritten by hand.\n")
+    harness.commit_user_edits(ws)
+    before = head(ws)
+    assert h.put("note", "hand", "Written by hand.") is None
+    assert head(ws) == before and "primefs" not in (ws.harness / "notes" / "hand.md").read_text()
