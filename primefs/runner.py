@@ -356,9 +356,12 @@ class Runner:
 def refine_offline(ws: Workspace, sid: str, request: dict, log) -> dict:
     """`primefs refine` with no runner running (the caller holds the runner lock)."""
     from .harness import session_chain
+    from .refine import run_refine
 
     runner = Runner(ws, log=log)
     chain = session_chain(ws, sid)
     for child, parent in zip(chain, chain[1:] + [None]):
         runner.tree.link(child, parent)
-    return runner.refine(sid, **{k: v for k, v in request.items() if v is not None})
+    # the command prints each edit and the error itself: the runner's one-line summary would say it twice
+    return run_refine(ws, runner.turns.agent(sid), runner.tree.chain(sid), lambda line: None,
+                      **{k: v for k, v in request.items() if v is not None})

@@ -13,7 +13,7 @@ from .agent import Agent
 from .bell import Bell
 from .conversation import fenced_code
 from .errors import PrimefsError
-from .gitops import Committer
+from .gitops import Committer, Mark
 from .goalctl import GoalControl
 from .postoffice import PostOffice
 from .refine import run_refine
@@ -171,8 +171,9 @@ class Turns:
         goal = s.meta.get("goal")
         if goal and (self.ws.root / goal).exists():
             paths.append(goal)
+        mark = Mark(s.id, s.name, what, goal)
         for p in paths:
-            self.committer.request(p, f"session {s.id} ({s.name}): {what}")
+            self.committer.request(p, f"session {s.id} ({s.name}): {what}", mark)
 
     def report_to_parent(self, s: Session, turn: int | None) -> None:
         """A child's turn ended: its result (or error) goes to the parent's mail as `kind: result`."""
