@@ -291,6 +291,8 @@ from .cli_harness import harness_group, refine_cmd  # noqa: E402
 from .cli_heartbeat import heartbeat_group  # noqa: E402
 from .cli_trace import trace_cmd  # noqa: E402
 from .cli_web import serve  # noqa: E402
+from .cli_info import models_cmd, plugins_cmd  # noqa: E402
+from .cli_session import ask, exec_cmd, kernel_cmd, result, wait  # noqa: E402
 
 main.add_command(status)
 main.add_command(log)
@@ -302,6 +304,8 @@ main.add_command(eval_cmd)
 main.add_command(heartbeat_group)
 main.add_command(trace_cmd)
 main.add_command(serve)
+for command in (models_cmd, plugins_cmd, ask, wait, result, exec_cmd, kernel_cmd):
+    main.add_command(command)
 
 from .daemon import up, down, runner_cmd  # noqa: E402
 from .live import attach, agents, follow_log  # noqa: E402

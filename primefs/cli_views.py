@@ -11,6 +11,7 @@ from .accounting import UsageIndex, tree_order
 from .cliopts import workspace, ws_option
 from .daemon import lock_held
 from .errors import PrimefsError
+from .fsutil import read_json_dict
 from .goals import goal_listing, parse_goal
 from .session import find_session
 from .sessionsview import Row, arrange, table
@@ -52,7 +53,7 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
     files, strays = goal_listing(ws)
     problems += [f"error: {stray}" for stray in strays]
     running = lock_held(ws)
-    refused = _read_json(ws.state / REJECTED) if running else {}
+    refused = read_json_dict(ws.state / REJECTED) if running else {}
     for path in files:
         rel = path.relative_to(ws.root).as_posix()
         if rel in taken:
@@ -74,13 +75,6 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
             problems.append(f"error: {exc}")
     return problems
 
-
-def _read_json(path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def status_row(r: dict) -> Row:

@@ -68,6 +68,17 @@ def write_new(path: Path, text: str) -> bool:
         os.unlink(tmp)
 
 
+def read_json_dict(path: Path) -> dict:
+    """A JSON object from a runtime file; {} when it is missing, broken or not an object."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def open_for_writing(path: Path) -> bool:
     """Whether a process (that we may look at) has `path` open for writing: Linux /proc, best effort;
     elsewhere always False. A file a person is still writing (`cat > goals/x.md`) is not read yet."""

@@ -246,7 +246,22 @@ def attach(ctx, session, last):
         stop.set()
     for p in problems:
         err.print(f"[red]error:[/red] reading input: {escape(p)}")
-    console.print("detached; the session keeps running")
+    console.print(f"detached; {_where_it_stands(ws, s)}", markup=False)
+
+
+def _where_it_stands(ws, s: Session) -> str:
+    """What is true of the session as `attach` leaves it."""
+    try:
+        status = s.reload().get("status")
+    except (PrimefsError, OSError):
+        return "its session.yaml cannot be read now"
+    if status == "stopped":
+        return f"{s.name} is stopped and takes no more turns"
+    if not runner_state(ws)["running"]:
+        return f"{s.name} is {status}; no runner is running (primefs up starts one)"
+    if status in ("running", "pending"):
+        return f"{s.name} keeps running"
+    return f"{s.name} is {status}; a message (primefs send) starts its next turn"
 
 
 # -- primefs agents -----------------------------------------------------------------------------------

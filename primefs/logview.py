@@ -260,6 +260,15 @@ class EventPrinter:
         for r in e["rejected"]:
             self.prose(f"  rejected {r['edit']}: {r['reason']}")
 
+    def _exec(self, e):
+        took = f" {e['elapsed_s']:.2f} s" if e.get("elapsed_s") is not None else ""
+        self.head(e, f"exec by {e.get('by', 'user')}", "bold magenta", took.strip())
+        self.verbatim(e.get("code") or "", "cyan")
+        self.verbatim((e.get("output") or "") + (("\n" + e["error"]) if e.get("error") else ""))
+
+    def _kernel_connect(self, e):
+        self.head(e, f"kernel connection file handed to the {e.get('by', 'user')}", "yellow", e.get("file", ""))
+
     def _tool_call(self, e):
         failed = f": {e['error']}" if e.get("error") else ""
         self.head(e, f"tool {e['name']}", "red" if failed else "dim", f"{e['duration_s']:.2f} s{failed}")

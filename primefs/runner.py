@@ -29,6 +29,7 @@ from .gateway import ModelGateway
 from .gitops import Committer
 from .goalctl import GoalControl
 from .intake import Intake
+from .liverequests import LiveRequests
 from .plugins import end_conditions, plugin_manager, providers
 from .postoffice import PostOffice
 from .scheduler import Scheduler
@@ -119,6 +120,7 @@ class Runner:
         self.toolbox = ToolBox(ws, self.pm, self.log)
         self.turns = Turns(ws, self.tree, self.post, self.scheduler, self.goals, self.bell, self._make_agent,
                            self.intake.commit_hand_edits, self.log)
+        self.requests = LiveRequests(ws, self.turns, self.log)
         self.services = KernelServices(ws, self.tree, self.turns, self.post, self.scheduler, self.goals,
                                        self.intake, self.bell, self.toolbox)
         self.host = None  # the kernel host, started by run()
@@ -256,6 +258,7 @@ class Runner:
         if self.host is not None:
             self.host.close()
         self.toolbox.close()
+        self.requests.close()
         self.intake.harness_touched()
         self.intake.commit_hand_edits()
         committer = self.turns.committer
@@ -276,9 +279,12 @@ class Runner:
             rel = path.relative_to(self.ws.root).parts
         except ValueError:
             return
-        if rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
-            if self.intake.check_config():  # a goal for a model just added to primefs.yaml
+        if rel[:1] == ("goals",) or rel[:2] == (".primefs", "requests"):
+            if self.intake.check_config():  # e.g. a goal for a model just added to primefs.yaml
                 self._configure()
+        if rel[:2] == (".primefs", "requests"):
+            self.requests.take(path)
+        elif rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
             self.intake.scan_goals()
         elif len(rel) >= 4 and rel[0] == "sessions" and rel[2:4] == ("mail", "new"):
             self.turns.mail_arrived(rel[1])
@@ -316,6 +322,7 @@ class Runner:
         if self.intake.check_config():
             self._configure()
         self.intake.scan_goals()
+        self.requests.scan()
         for s in list_sessions(self.ws.sessions):
             try:
                 if (s.dir / STOP_FILE).exists():

@@ -66,7 +66,7 @@ class Turns:
                 self._fail(sid, exc)
         finally:
             if agent is not None and not self.bell.stopping:
-                self._park(agent)
+                self.park(agent)
         if self.bell.stopping:
             return False
         try:
@@ -226,7 +226,7 @@ class Turns:
         threading.Thread(target=self.refine, args=(agent,), kwargs=request, daemon=True).start()
 
     # -- kernels of idle sessions -----------------------------------------------------------------
-    def _park(self, agent: Agent) -> None:
+    def park(self, agent: Agent) -> None:
         """Keep an idle session's kernel for its next turn, within limits.max_idle_kernels: the oldest
         idle ones are snapshotted and shut down (their next turn restores them)."""
         if not agent.kernel.running():

@@ -29,6 +29,9 @@ def watch(ws, on_path: Callable[[Path], None]):
     observer.schedule(Hint(), str(ws.goals), recursive=False, event_filter=changes)
     observer.schedule(Hint(), str(ws.harness), recursive=True, event_filter=changes)
     observer.schedule(Hint(), str(ws.sessions), recursive=True, event_filter=changes)
+    requests = ws.state / "requests"  # `primefs exec` / `primefs kernel` (liverequests.py)
+    requests.mkdir(parents=True, exist_ok=True)
+    observer.schedule(Hint(), str(requests), recursive=False, event_filter=changes)
     observer.daemon = True
     observer.start()
     return observer

@@ -229,7 +229,7 @@ def test_attach_through_a_terminal(ws, scripted, daemon_cleanup):
         assert [(m["from"], m["kind"], m["text"]) for m in msgs] == [("user", "user", "please continue")]
         assert os.listdir(s.mail / "new") == [] and len(os.listdir(s.mail / "cur")) == 1
         term.send(b"\x04")  # Ctrl-D on an empty line: end of input
-        term.expect("detached; the session keeps running", 10)
+        term.expect("detached; talk is idle; a message (primefs send) starts its next turn", 10)
         assert term.proc.wait(10) == 0
     finally:
         term.close()
@@ -252,7 +252,7 @@ def test_attach_without_runner_and_ctrl_c_and_live_agents(ws, scripted):
         term.send(b"kept for later\n")
         wait_for(lambda: os.listdir(s.mail / "new"), 10, "mail delivered")
         term.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        term.expect("detached; the session keeps running", 10)
+        term.expect("detached; quiet is pending; no runner is running (primefs up starts one)", 10)
         assert term.proc.wait(10) == 0
         assert "Traceback" not in term.drain()
     finally:
