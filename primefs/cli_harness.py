@@ -110,7 +110,7 @@ def rm(ctx, kind, name, scope, session):
 
 @harness_group.command("log")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, newest first.")
-@click.option("-n", "limit", type=int, help="At most this many commits.")
+@click.option("-n", "--count", "limit", type=int, metavar="N", help="At most this many commits.")
 @ws_option
 @click.pass_context
 def log(ctx, as_json, limit):

@@ -166,7 +166,7 @@ def follow_events(s: Session, console: Console, *, names: dict, last: int | None
 # `primefs tail` was `primefs log -f`; kept, hidden, for scripts that use it.
 @click.command("tail", hidden=True)
 @click.argument("session")
-@click.option("-n", "--lines", "last", type=int, default=None, metavar="N")
+@click.option("-n", "--count", "--lines", "last", type=int, default=None, metavar="N")
 @click.option("--new", "only_new", is_flag=True)
 @ws_option
 @click.pass_context
@@ -181,7 +181,7 @@ def follow_log(ctx, session, last, only_new):
 # -- primefs attach -----------------------------------------------------------------------------------
 @click.command()
 @click.argument("session")
-@click.option("-n", "--lines", "last", type=int, default=20, show_default=True, metavar="N",
+@click.option("-n", "--count", "--lines", "last", type=int, default=20, show_default=True, metavar="N",
               help="Existing events to show first (0: none, -1: all).")
 @ws_option
 @click.pass_context
@@ -189,7 +189,7 @@ def attach(ctx, session, last):
     """Watch SESSION (id or name) live and talk to it: each line you type is mailed to it as `kind: user`.
 
     An idle or finished session takes a turn for each message (a runner must run: `primefs up`).
-    Ctrl-D or Ctrl-C detaches; the session keeps running.
+    Replies show as they stream. Ctrl-D or Ctrl-C detaches (the session is not stopped).
     """
     from .mail import deliver
 

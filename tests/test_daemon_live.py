@@ -12,49 +12,16 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 
-import pytest
-from conftest import configure, wait_for
+from conftest import PRIMEFS, cli, session_named, wait_for
 from rich.console import Console
 
 from primefs.daemon import alive, lock_held
 from primefs.live import HistoryReader, follow
-from primefs.session import list_sessions
 
-PRIMEFS = [sys.executable, "-m", "primefs"]
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-
-
-def cli(ws, *args, timeout=60):
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("PRIMEFS_WORKSPACE", None)
-    return subprocess.run([*PRIMEFS, *args, "-w", str(ws.root)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def session_named(ws, name):
-    return next((s for s in list_sessions(ws.sessions) if s.meta.get("name") == name), None)
-
-
-@pytest.fixture
-def scripted(ws):
-    def setup(script: str):
-        (ws.root / "script.yaml").write_text(script)
-        return configure(ws, model="scripted/script.yaml")
-    return setup
-
-
-@pytest.fixture
-def daemon_cleanup(ws):
-    """Whatever happens in the test, no runner outlives it."""
-    yield
-    if lock_held(ws):
-        pid = int((ws.state / "runner.lock").read_text().split()[0])
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not lock_held(ws), 10, "runner killed")
 
 
 def test_up_runner_goal_tail_agents_down(ws, scripted, daemon_cleanup):
