@@ -64,6 +64,7 @@ class Agent:
         self.cell_seq = 0  # bumped when a cell ends: requests from an ended cell are void
         self.mail_lock = threading.Lock()  # one reader of this session's mailbox at a time
         self.turn_lock = threading.Lock()  # held while a worker runs its turns (the kernel is in use)
+        self.kernel_lock = threading.Lock()  # held while a step's cells run (`primefs exec` runs between)
         self.resuming = False  # the next turn goes on with one a runner stop cut off (not a new turn)
         self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
         self.pending_refine: dict | None = None  # refine() asked for during the turn, done at its end
@@ -219,6 +220,15 @@ class Agent:
         self.record("assistant", text=reply.text, calls=calls)
         if not cells:
             return self.finish(reply.text, "idle")
+        with self.kernel_lock:
+            self._run_cells(cells)
+        if self.done_answer is not None:
+            return self.finish(self.done_answer, "done")
+        if self.stop_requested:
+            return self.stopped()
+        return None
+
+    def _run_cells(self, cells: list) -> None:
         limit = int(self.limits["output_chars"])
         for call_id, code, error in cells:
             if error:
@@ -232,11 +242,6 @@ class Agent:
                             error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
                             restarted=res.restarted, elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
                 span.cell_ran(res)
-        if self.done_answer is not None:
-            return self.finish(self.done_answer, "done")
-        if self.stop_requested:
-            return self.stopped()
-        return None
 
     def stopped(self) -> str:
         self.session.set_status("stopped", stop_reason="stopped")

@@ -1,21 +1,26 @@
 """The `primefs` command line. User mistakes print one line and exit non-zero, never a traceback."""
 from __future__ import annotations
 
+import re
 import sys
 from datetime import datetime
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from . import __version__
 from .errors import PrimefsError
 from .goals import write_goal
 from .session import find_session
-from .cliopts import ray_address, ray_option, workspace, ws_option
+from .cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option
 from .workspace import init_workspace
 
 err = Console(stderr=True, highlight=False)
+TURN_LINE = re.compile(r"\S+ \(.*\): turn \d+ (started|resumed|ended)")
+RUN_PROBLEMS = 3  # `run --once`: a session failed or a goal file was rejected (docs/cli.md, exit codes)
 
 
 def _quiet_loop_teardown(unraisable, _default=sys.unraisablehook):
@@ -30,13 +35,19 @@ def _quiet_loop_teardown(unraisable, _default=sys.unraisablehook):
 sys.unraisablehook = _quiet_loop_teardown
 
 
+# Commands that watch until Ctrl-C: for them Ctrl-C is the normal end (exit 0).
+WATCHERS = {"run", "log", "tail", "attach", "agents", "serve", "wait", "ask"}
+
+
 class Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except PrimefsError as exc:
-            err.print(f"[red]error:[/red] {exc}", markup=True, soft_wrap=True)
+            err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
             sys.exit(1)
+        except KeyboardInterrupt:  # never click's "Aborted!": watchers end with 0, anything else with 130
+            sys.exit(0 if ctx.invoked_subcommand in WATCHERS else 130)
 
 
 
@@ -63,16 +74,17 @@ def main(ctx, ws):
 @click.argument("directory", default=".", type=click.Path(file_okay=False))
 @click.option("--from", "source", type=click.Path(exists=True, file_okay=False),
               help="Copy this workspace template instead of the built-in one (e.g. example_workspace/).")
-def init(directory, source):
+@json_option
+def init(directory, source, as_json):
     """Create a new workspace in DIRECTORY (default: here) and make its first git commit."""
     ws = init_workspace(Path(directory), Path(source) if source else None)
-    click.echo(f"created workspace {ws.root}")
+    emit(as_json, {"workspace": str(ws.root)}, f"created workspace {ws.root}")
 
 
 @main.command()
 @click.argument("text")
 @click.option("--model", "-m", help="Model for this goal: an alias from primefs.yaml or a litellm model id.")
-@click.option("--name", "-n", help="Name of the goal and of its session (default: from the text).")
+@click.option("--name", help="Name of the goal and of its session (default: from the text).")
 @click.option("--context", "-c", "context", multiple=True, metavar="FILE",
               help="A file inside the workspace handed to the agent as `context` (repeatable).")
 @click.option("--limit", "limits", multiple=True, metavar="KEY=VALUE",
@@ -88,10 +100,11 @@ def init(directory, source):
 @click.option("--heartbeat-prompt", metavar="TEXT", help="The message each heartbeat delivers.")
 @click.option("--tools", "tool_names", metavar="LIST", help="The tools the session gets: names or patterns, "
               "comma-separated ('word_count,calc_*'), 'all' (default) or 'none'.")
+@json_option
 @ws_option
 @click.pass_context
 def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions, heartbeat, heartbeat_prompt,
-         tool_names):
+         tool_names, as_json):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
     from .settings import BUDGET_KEYS, check_budget
 
@@ -128,23 +141,72 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
         selection = check_selection(tool_names, "--tools")
         extra["tools"] = "all" if selection is None else selection
     path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra or None)
-    click.echo(path.relative_to(ws.root).as_posix())
+    rel = path.relative_to(ws.root).as_posix()
+    notes = goal_notes(ws, model)
+    for note in notes:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, soft_wrap=True)
+    emit(as_json, {"goal": rel, "name": name or path.stem, "notes": notes}, rel)
 
 
 @main.command()
 @click.option("--once", is_flag=True, help="Exit when no session has work left (default: keep watching).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing while running.")
+@click.option("--verbose", "-v", is_flag=True, help="Show each session's work as it happens: the model's "
+              "text and code as they stream, each cell's output, messages, results.")
 @ray_option
 @ws_option
 @click.pass_context
-def run(ctx, once, quiet, ray):
-    """Run the agents in the foreground: pick up goals, deliver mail, run turns. Ctrl-C stops."""
+def run(ctx, once, quiet, verbose, ray):
+    """Run the agents in the foreground: pick up goals, deliver mail, run turns. Ctrl-C stops.
+
+    With --once, the exit code says how it went: 0 when every session it ran ended without failure
+    and every goal file was accepted, 3 otherwise (the work is still all done and recorded).
+    """
+    from . import livefeed
+    from .logview import Narrator
     from .runner import Runner
 
     ws = workspace(ctx)
-    log = (lambda m: None) if quiet else (lambda m: err.print(f"[dim]{datetime.now():%H:%M:%S}[/dim] {m}",
-                                                            markup=True, highlight=False, soft_wrap=True))
-    Runner(ws, log=log, ray=ray_address(ws, ray)).run(once=once)
+    if quiet and verbose:
+        raise click.UsageError("--quiet and --verbose exclude each other")
+    narrator = Narrator(Console(highlight=False), ws.sessions) if verbose else None
+
+    def log(msg: str) -> None:
+        if quiet or (narrator and TURN_LINE.match(msg)):  # -v shows turns as events already
+            return
+        line = Text.assemble((f"{datetime.now():%H:%M:%S} ", "dim"), msg)
+        narrator.say(line) if narrator else err.print(line, soft_wrap=True)
+
+    runner = Runner(ws, log=log, ray=ray_address(ws, ray))
+    if narrator:
+        livefeed.listen(narrator)
+    try:
+        runner.run(once=once)
+    finally:
+        if narrator:
+            livefeed.unlisten(narrator)
+    if once:
+        outcome = runner.outcome()
+        said = [f"{len(outcome['failed'])} session(s) failed: {', '.join(outcome['failed'])}"] if outcome["failed"] else []
+        said += [f"goal file rejected: {rel}" for rel in outcome["rejected"]]
+        for line in said:
+            err.print(f"error: {line}", markup=False, soft_wrap=True)
+        if said:
+            ctx.exit(RUN_PROBLEMS)
+
+
+def goal_notes(ws, model: str | None) -> list[str]:
+    """What is worth saying when a goal is added: the model's key not set, no runner running."""
+    from .daemon import lock_held
+    from .models import key_problem
+
+    notes = []
+    problem = key_problem(ws, model or ws.default_model())
+    if problem:
+        notes.append(problem)
+    if not lock_held(ws):
+        notes.append("no runner is running: start one (primefs up, or primefs run)")
+    return notes
 
 
 def _pairs(pairs, flag: str, known, number: bool = False) -> dict:
@@ -176,13 +238,14 @@ def parse_limits(pairs) -> dict:
 @main.command()
 @click.argument("session")
 @click.argument("text")
+@json_option
 @ws_option
 @click.pass_context
-def send(ctx, session, text):
-    """Mail TEXT to SESSION (id or name) as `kind: user`; an idle or finished session takes a new turn.
-
-    TEXT '-' reads standard input.
+def send(ctx, session, text, as_json):
+    """Mail TEXT to SESSION (id or name) as `kind: user`; an idle or finished session takes a new turn
+    (when a runner runs). TEXT '-' reads standard input.
     """
+    from .daemon import lock_held
     from .mail import deliver
 
     ws = workspace(ctx)
@@ -192,22 +255,33 @@ def send(ctx, session, text):
     if not text.strip():
         raise PrimefsError("the message is empty")
     msg = deliver(s.mail, sender="user", to=s.id, kind="user", text=text)
-    click.echo(f"delivered {msg.id} to {s.id} ({s.name})")
+    status, running = s.status, lock_held(ws)
+    notes = []
+    if status == "stopped":
+        notes.append(f"{s.name} is stopped: it takes no more turns; the message stays in its mailbox")
+    elif not running:
+        notes.append("no runner is running: the message waits until one starts (primefs up)")
+    for note in notes:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, soft_wrap=True)
+    emit(as_json, {"message": msg.id, "session": s.id, "name": s.name, "status": status, "runner": running,
+                   "notes": notes}, f"delivered {msg.id} to {s.id} ({s.name})")
 
 
 @main.command()
 @click.argument("session")
 @click.option("--tree", is_flag=True, help="Also stop every descendant.")
+@json_option
 @ws_option
 @click.pass_context
-def stop(ctx, session, tree):
+def stop(ctx, session, tree, as_json):
     """Stop SESSION (id or name): its running cell is interrupted and it takes no more turns."""
     from .control import request_stop
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
-    for sid, how in request_stop(ws, s.id, tree=tree):
-        click.echo(f"{sid}: {how}")
+    done = request_stop(ws, s.id, tree=tree)
+    emit(as_json, [{"session": sid, "outcome": how} for sid, how in done],
+         "\n".join(f"{sid}: {how}" for sid, how in done))
 
 
 from .cli_eval import eval_cmd  # noqa: E402
@@ -219,6 +293,8 @@ from .cli_trace import trace_cmd  # noqa: E402
 from .cli_web import serve  # noqa: E402
 from .cli_logs import logs_cmd, reindex_cmd  # noqa: E402
 from .cli_archive import archive_cmd  # noqa: E402
+from .cli_info import models_cmd, plugins_cmd  # noqa: E402
+from .cli_session import ask, exec_cmd, kernel_cmd, result, wait  # noqa: E402
 
 main.add_command(status)
 main.add_command(log)
@@ -230,9 +306,8 @@ main.add_command(eval_cmd)
 main.add_command(heartbeat_group)
 main.add_command(trace_cmd)
 main.add_command(serve)
-main.add_command(logs_cmd)
-main.add_command(reindex_cmd)
-main.add_command(archive_cmd)
+for command in (logs_cmd, reindex_cmd, archive_cmd, models_cmd, plugins_cmd, ask, wait, result, exec_cmd, kernel_cmd):
+    main.add_command(command)
 
 from .daemon import up, down, runner_cmd  # noqa: E402
 from .live import attach, agents, follow_log  # noqa: E402

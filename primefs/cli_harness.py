@@ -6,11 +6,13 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import PrimefsError
-from .cliopts import workspace, ws_option
+from .cliopts import emit, json_option, workspace, ws_option
 from .harness import KINDS, Harness, session_chain
+from .harnessgit import summary
 
 
 def _ws(ctx):
@@ -75,18 +77,23 @@ def show(ctx, kind, name, session):
 @click.option("--description", "-d", help="One line: what it is, when to use it.")
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True)
 @click.option("--session", help="The session (for --scope session).")
+@json_option
 @ws_option
 @click.pass_context
-def put(ctx, kind, name, body_file, description, scope, session):
-    """Create or update an entry (committed with Primefs-Source: user)."""
+def put(ctx, kind, name, body_file, description, scope, session, as_json):
+    """Create or update an entry (committed with Primefs-Source: user). Same content: no commit."""
     ws = _ws(ctx)
     if session:
         from .session import find_session
 
         session = find_session(ws.sessions, session).id
-    sha = Harness(ws).put(kind, name, body_file.read() if body_file else None, scope=scope, session=session,
-                          description=description, source="user")
-    click.echo(sha or "no change")
+    h = Harness(ws)
+    sha = h.put(kind, name, body_file.read() if body_file else None, scope=scope, session=session,
+                description=description, source="user")
+    entry = h.get(kind, name, sessions=[session] if scope == "session" else ())
+    emit(as_json, {"commit": sha, "changed": sha is not None, "kind": kind, "name": name, "scope": scope,
+                   "session": session if scope == "session" else None, "path": entry.path if entry else None},
+         sha or "no change")
 
 
 @harness_group.command("rm")
@@ -103,32 +110,55 @@ def rm(ctx, kind, name, scope, session):
 
 @harness_group.command("log")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, newest first.")
-@click.option("-n", "limit", type=int, help="At most this many commits.")
+@click.option("-n", "--count", "limit", type=int, metavar="N", help="At most this many commits.")
 @ws_option
 @click.pass_context
 def log(ctx, as_json, limit):
-    """Harness commits with their provenance (session, source, evidence, intent) and outcome."""
-    rows = Harness(_ws(ctx)).log(limit)
+    """Harness commits with their provenance (session, source, evidence, intent), outcome and reverts."""
+    rows = Harness(_ws(ctx)).log()
+    shown = rows[:limit] if limit else rows
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(shown, indent=2))
         return
+    by_sha = {r["sha"]: r for r in rows}  # all of them: what a shown revert reverts may be older than -n
     table = Table(box=None, header_style="bold")
     for col in ("commit", "date", "entry", "source", "session", "intent / outcome"):
         table.add_column(col, overflow="fold")
-    for r in rows:
-        outcome = f" [{'green' if r['outcome'] == 'good' else 'red'}]{r['outcome']}[/]" if r["outcome"] else ""
-        table.add_row(r["sha"][:10], r["date"][:19], f"{r['kind']}/{r['name']}", r["source"] or "",
-                      r["session"] or "", (r["intent"] or r["subject"]) + outcome)
-    Console(highlight=False).print(table if rows else "no harness commits yet")
+    for r in shown:
+        table.add_row(r["sha"][:10], r["date"][:19], escape(f"{r['kind']}/{r['name']}"),
+                      escape(r["source"] or ("git" if r["reverts"] else "")), r["session"] or "", _change(r, by_sha))
+    Console(highlight=False).print(table if shown else "no harness commits yet")
+
+
+def _change(r: dict, by_sha: dict) -> str:
+    """The last column: what the commit did (a revert says of what), its outcome, and who reverted it."""
+    if r["reverts"]:
+        of = by_sha.get(r["reverts"])
+        what = ("" if not of else f"which reverted {of['reverts'][:10]}" if of["reverts"] else
+                summary(of["subject"].split("): ", 1)[-1], 50))
+        text = f"revert of {r['reverts'][:10]}" + (f" ({what})" if what else "") + (f": {r['intent']}" if r["intent"] else "")
+    else:
+        text = r["intent"] or r["subject"]
+    text = escape(text)
+    if r["outcome"]:
+        text += f" [{'green' if r['outcome'] == 'good' else 'red'}]{r['outcome']}[/]"
+    if r["reverted_by"]:
+        text += f" [yellow]reverted by {r['reverted_by'][:10]}[/]"
+    return text
 
 
 @harness_group.command("revert")
 @click.argument("commit")
+@json_option
 @ws_option
 @click.pass_context
-def revert(ctx, commit):
+def revert(ctx, commit, as_json):
     """Undo one harness commit with `git revert` (history stays append-only). The next turn uses the result."""
-    click.echo(Harness(_ws(ctx)).revert(commit))
+    h = Harness(_ws(ctx))
+    full, _, t = h.git.harness_commit(commit)
+    new = h.revert(full)
+    emit(as_json, {"commit": new, "reverts": full, "kind": t["Primefs-Kind"], "name": t.get("Primefs-Name"),
+                   "path": t.get("Primefs-Path") or None}, new)
 
 
 @harness_group.command("outcome")
@@ -149,9 +179,10 @@ def outcome(ctx, commit, verdict, note):
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True,
               help="Where new entries go.")
 @click.option("--model", "-m", help="Model for the refine call (default: the session's).")
+@json_option
 @ws_option
 @click.pass_context
-def refine_cmd(ctx, session, instructions, scope, model):
+def refine_cmd(ctx, session, instructions, scope, model, as_json):
     """One model call proposes harness edits from SESSION's recent events; valid ones are committed."""
     import fcntl
 
@@ -171,16 +202,17 @@ def refine_cmd(ctx, session, instructions, scope, model):
         except BlockingIOError:  # a runner owns the session's history: let it do the work
             write_atomic(s.dir / REFINE_FILE, json.dumps(request))
             ring(s.dir)
-            click.echo(f"refine requested; the running runner applies it (see `primefs log {s.id}`)")
+            emit(as_json, {"session": s.id, "name": s.name, "requested": True},
+                 f"refine requested; the running runner applies it (see `primefs log {s.id}`)")
             return
         # holding the runner lock: no runner can start and write this history meanwhile
         from .runner import refine_offline
 
         result = refine_offline(ws, s.id, request, log=lambda m: click.echo(m, err=True))
-    for a in result["applied"]:
-        click.echo(f"applied {a['op']} {a['kind']}/{a['name']}: {a['commit']}")
-    for r in result["rejected"]:
-        click.echo(f"rejected {r['edit']}: {r['reason']}")
-    if result.get("error"):
+    if result.get("error"):  # one line, printed once by the CLI's error handler
         raise PrimefsError(f"refine failed: {result['error']}")
+    emit(as_json, {"session": s.id, "name": s.name, "requested": False, "applied": result["applied"],
+                   "rejected": result["rejected"], "outcomes": result.get("outcomes", [])},
+         "\n".join([f"applied {a['op']} {a['kind']}/{a['name']}: {a['commit'] or 'no change'}" for a in result["applied"]]
+                   + [f"rejected {r['edit']}: {r['reason']}" for r in result["rejected"]]))
     sys.stdout.flush()

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
 
 import click
 from rich.console import Console
@@ -11,18 +9,14 @@ from rich.table import Table
 
 from .accounting import UsageIndex, tree_order
 from .cliopts import workspace, ws_option
+from .daemon import lock_held
 from .errors import PrimefsError
+from .fsutil import read_json_dict
 from .goals import goal_listing, parse_goal
 from .session import find_session
+from .sessionsview import Row, arrange, table
 
 err = Console(stderr=True, highlight=False)
-
-
-def _short(text: str | None, n: int = 60) -> str:
-    if not text:
-        return ""
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def session_record(index: UsageIndex, sid: str) -> dict:
@@ -43,6 +37,7 @@ def session_record(index: UsageIndex, sid: str) -> dict:
 def goal_problems(ws, index: UsageIndex) -> list[str]:
     """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line)."""
     from .harness import Harness
+    from .intake import REJECTED
     from .plugins import end_conditions, plugin_manager
     from .session import broken_goal_line
 
@@ -53,30 +48,71 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
     problems += [f"error: session broken: {p}" for p in index.problems]
     files, strays = goal_listing(ws)
     problems += [f"error: {stray}" for stray in strays]
+    running = lock_held(ws)
+    refused = read_json_dict(ws.state / REJECTED) if running else {}
     for path in files:
         rel = path.relative_to(ws.root).as_posix()
         if rel in taken:
+            continue
+        seen = refused.get(rel)
+        try:
+            if isinstance(seen, dict) and seen.get("mtime") == path.stat().st_mtime:
+                problems.append(f"error: rejected by the runner: {seen.get('error')}")
+                continue
+        except OSError:
             continue
         if conditions is None:
             conditions = end_conditions(plugin_manager(ws.root))
         try:
             parse_goal(ws, path, conditions)
-            problems.append(f"{rel}: waiting for a runner")
+            problems.append(f"{rel}: " + ("new, the runner takes it within seconds" if running else
+                                          "waiting for a runner (start one: primefs up)"))
         except PrimefsError as exc:
             problems.append(f"error: {exc}")
     return problems
 
 
+
+def status_row(r: dict) -> Row:
+    tu = r["tree_usage"]
+    label = r["status"] + (f" ({r['stop_reason']})" if r["stop_reason"] and r["status"] not in ("done", "running")
+                           else "")
+    if r.get("interrupted"):
+        label = "interrupted"
+    detail = r["error"] if r["status"] in ("failed", "broken") else (r["result"] or r["goal"] or "")
+    return Row(id=r["id"], name=r["name"] or r["id"], parent=r["parent"], status=r["status"], label=label,
+               turns=r["turns"], tokens=tu["input_tokens"] + tu["output_tokens"], cost=tu["cost_usd"],
+               detail=detail or "", node=r.get("node"))
+
+
 @click.command()
+@click.argument("session", required=False)
+@click.option("-a", "--all", "show_all", is_flag=True, help="Every session; without it, finished children are "
+              "folded into a count under their parent.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per session.")
 @ws_option
 @click.pass_context
-def status(ctx, as_json):
-    """Show every session (as a tree) with status, turns, tokens and cost, and goals not yet running."""
+def status(ctx, session, show_all, as_json):
+    """The sessions as trees (SESSION: one session and its whole subtree): status, turns, tokens and
+    cost of each tree, the result; then goals not running yet, and files that are broken.
+
+    Trees with a session at work come first; finished children are folded into a count (a failed one
+    stays visible) unless --all or SESSION is given. Tokens and cost include all descendants.
+    """
     ws = workspace(ctx)
     index = UsageIndex(ws.sessions)
-    records = [session_record(index, sid) for sid in tree_order(index)]
-    problems = goal_problems(ws, index)
+    order = tree_order(index)
+    root = None
+    if session:
+        root = find_session(ws.sessions, session).id
+        wanted = _subtree(index, root) | {root}
+        order = [sid for sid in order if sid in wanted]
+    records = [session_record(index, sid) for sid in order]
+    if not lock_held(ws):  # cut off mid-turn by a runner that stopped: not at work now
+        for r in records:
+            if r["status"] == "running":
+                r["interrupted"] = True
+    problems = [] if session else goal_problems(ws, index)
     if as_json:
         click.echo(json.dumps(records, indent=2, default=str))
         for p in problems:
@@ -85,70 +121,79 @@ def status(ctx, as_json):
         return
     out = Console(highlight=False)
     if records:
-        table = Table(box=None, header_style="bold")
-        table.add_column("session", no_wrap=True)
-        table.add_column("name", max_width=24, overflow="ellipsis")
-        table.add_column("status", no_wrap=True)
-        nodes = any(r["node"] for r in records)  # kernels on Ray nodes: where each session's runs
-        if nodes:
-            table.add_column("node", no_wrap=True)
-        for col in ("turns", "tokens", "cost $"):
-            table.add_column(col, justify="right", no_wrap=True)
-        table.add_column("goal / result", overflow="fold", ratio=1)
-        for r in records:
-            tu = r["tree_usage"]
-            state = r["status"] + (f" ({r['stop_reason']})" if r["stop_reason"] and r["status"] != "done" else "")
-            detail = r["error"] if r["status"] in ("failed", "broken") else (r["result"] or r["goal"] or "")
-            where = [r["node"] or "local"] if nodes else []
-            table.add_row("  " * int(r["depth"] or 0) + r["id"], r["name"] or "", state, *where,
-                          str(r["turns"] or "?"), f"{tu['input_tokens'] + tu['output_tokens']:,}",
-                          f"{tu['cost_usd']:.4f}", _short(detail))
-        out.print(table)
+        items = arrange([status_row(r) for r in records], fold=not show_all, root=root)
+        width = out.width if out.is_terminal else max(out.width, 160)  # piped: ids and whole names
+        out.print(table(items, width, last="goal / result"), soft_wrap=not out.is_terminal)
     else:
         out.print("no sessions yet")
+    for line in notes(records):
+        out.print(line, markup=False, soft_wrap=True)
     for p in problems:
         (err if p.startswith("error:") else out).print(p, markup=False, soft_wrap=True)
 
 
+MAX_ERRORS = 10
+
+
+def notes(records: list[dict]) -> list[str]:
+    """What the table cuts short or cannot say: each failure's whole error, sessions that resume."""
+    failed = [r for r in records if r["status"] in ("failed", "broken") and r["error"]]
+    lines = [f"error: {r['name'] or r['id']} ({r['id']}): {r['error']}" for r in failed[-MAX_ERRORS:]]
+    if len(failed) > MAX_ERRORS:
+        lines.insert(0, f"{len(failed)} sessions failed; the last {MAX_ERRORS}:")
+    cut = sum(1 for r in records if r.get("interrupted"))
+    if cut:
+        lines.append(f"{cut} session{'s were' if cut > 1 else ' was'} interrupted (no runner is running): "
+                     "the turn goes on where it stopped when a runner starts (primefs up)")
+    return lines
+
+
+def _subtree(index, root: str) -> set[str]:
+    from .session import subtree
+
+    return set(subtree(index.children, root))
+
+
 @click.command()
 @click.argument("session")
-@click.option("--json", "as_json", is_flag=True, help="Print the raw events, one JSON object per line.")
+@click.option("-n", "--count", "last", type=int, default=None, metavar="N",
+              help="Only the last N events (with -f: of those already there).")
 @click.option("-f", "--follow", "follow_", is_flag=True, help="Keep printing new events as they are appended "
-              "(Ctrl-C stops).")
+              "(Ctrl-C stops, exit 0).")
+@click.option("--new", "only_new", is_flag=True, help="With -f: none of the events already there, only new ones.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw events, one JSON object per line.")
 @ws_option
 @click.pass_context
-def log(ctx, session, as_json, follow_):
-    """Show a session's history (SESSION: id or name)."""
+def log(ctx, session, last, follow_, only_new, as_json):
+    """Show a session's history (SESSION: id or name; also an archived session's).
+
+    Piped or redirected it is a faithful transcript (plain text as recorded, nothing wrapped); on a
+    terminal it has colours, and prose is wrapped to the width (code and output never are).
+    """
     from .archived import find_readable
-    from .logview import print_events
+    from .live import follow_events
+    from .session import session_names
 
     ws = workspace(ctx)
     s = find_readable(ws, session)  # in sessions/, else in an archive
-    if follow_ and s.dir is None:
-        raise PrimefsError(f"{s.id} is archived ({s.place}): its history no longer changes; drop -f")
-    from .session import session_names
-
     names = session_names(ws.sessions)
-    if not follow_:
+    if last is not None and last < 0:
+        raise PrimefsError("-n must be 0 or more")
+    if s.dir is None:  # archived: its history no longer changes
+        if follow_:
+            raise PrimefsError(f"{s.id} is archived ({s.place}): its history no longer changes; drop -f")
+        events = s.events()
+        events = events[-last:] if last else ([] if last == 0 else events)
         if as_json:
-            for e in s.events():
+            for e in events:
                 click.echo(json.dumps(e, ensure_ascii=False))
         else:
-            print_events(Console(highlight=False), s, s.events(), names)
-        return
-    from .live import HistoryReader, follow
+            from .logview import print_events
 
-    try:
-        if not as_json:
-            follow(s, Console(highlight=False), names=names)
-        reader = HistoryReader(s.dir / "history.jsonl")
-        while True:  # raw events as they are appended, one JSON object per line
-            for e in reader.read():
-                click.echo(json.dumps(e, ensure_ascii=False))
-            sys.stdout.flush()
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        pass
+            print_events(Console(highlight=False), s, events, names)
+        return
+    follow_events(s, Console(highlight=False), names=names, last=last, keep=follow_, only_new=only_new,
+                  as_json=as_json)
 
 
 @click.command()

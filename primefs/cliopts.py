@@ -1,6 +1,8 @@
 """What CLI modules share: the `-w/--workspace` option and finding the workspace from it; `--ray`."""
 from __future__ import annotations
 
+import json
+
 import click
 
 from .errors import PrimefsError
@@ -18,6 +20,17 @@ def _set_workspace(ctx, _param, value):
 # `-w` works before or after the subcommand: `primefs -w DIR status` and `primefs status -w DIR`.
 ws_option = click.option("-w", "--workspace", metavar="DIR", expose_value=False, callback=_set_workspace,
                          is_eager=True, help="Workspace folder (see `primefs --help`).")
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON (for scripts).")
+
+
+def emit(as_json: bool, data, text: str) -> None:
+    """A command's outcome: `data` as JSON with --json, else `text` (skipped when empty)."""
+    if as_json:
+        click.echo(json.dumps(data, indent=1, default=str))
+    elif text:
+        click.echo(text)
 
 
 def workspace(ctx: click.Context):

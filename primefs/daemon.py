@@ -28,7 +28,7 @@ UP_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 30.0
 
 
-from .cliopts import ray_address, ray_option, workspace, ws_option  # noqa: E402  (shared options)
+from .cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option  # noqa: E402  (shared options)
 
 
 # -- the lock and the state file --------------------------------------------------------------------
@@ -212,9 +212,10 @@ def _tail(path: Path, since: int = 0, lines: int = 20) -> str:
 @click.option("--timeout", type=float, default=UP_TIMEOUT_S, show_default=True, metavar="S",
               help="Seconds to wait for the runner to report itself ready.")
 @ray_option
+@json_option
 @ws_option
 @click.pass_context
-def up(ctx, timeout, ray):
+def up(ctx, timeout, ray, as_json):
     """Start the runner in the background (like `primefs run`, detached); its output goes to .primefs/runner.log.
 
     Waits until the runner has written .primefs/runner.json, then prints its pid. Refuses if a
@@ -251,22 +252,23 @@ def up(ctx, timeout, ray):
             raise PrimefsError(f"the runner (pid {proc.pid}) has not reported ready after {timeout:g} s; it is "
                                f"still running: see {log}, stop it with `primefs down`")
         time.sleep(0.05)
-    click.echo(f"runner started: pid {proc.pid}, log {log}")
+    emit(as_json, {"pid": proc.pid, "log": str(log)}, f"runner started: pid {proc.pid}, log {log}")
 
 
 @click.command()
 @click.option("--timeout", type=float, default=DOWN_TIMEOUT_S, show_default=True, metavar="S",
               help="Seconds to wait after SIGTERM before sending SIGKILL.")
+@json_option
 @ws_option
 @click.pass_context
-def down(ctx, timeout):
+def down(ctx, timeout, as_json):
     """Stop the background runner: SIGTERM, then SIGKILL after --timeout seconds.
 
     Sessions that were mid-turn are left resumable: the next runner continues them.
     """
     ws = workspace(ctx)
     if not lock_held(ws):
-        click.echo("no runner is running")
+        emit(as_json, {"pid": None, "outcome": "none running"}, "no runner is running")
         return
     info = runner_state(ws)
     pid = info["pid"]
@@ -278,7 +280,7 @@ def down(ctx, timeout):
     except ProcessLookupError:
         pass
     if _wait_gone(ws, pid, timeout):
-        click.echo(f"runner stopped (pid {pid})")
+        emit(as_json, {"pid": pid, "outcome": "stopped"}, f"runner stopped (pid {pid})")
         return
     try:
         os.kill(pid, signal.SIGKILL)
@@ -292,8 +294,8 @@ def down(ctx, timeout):
             state_path(ws).unlink()
         except FileNotFoundError:
             pass
-    click.echo(f"runner killed (pid {pid}) after {timeout:g} s without stopping; "
-               "sessions that were running resume when a runner starts again")
+    emit(as_json, {"pid": pid, "outcome": "killed"}, f"runner killed (pid {pid}) after {timeout:g} s without "
+         "stopping; sessions that were running resume when a runner starts again")
 
 
 def _wait_gone(ws, pid: int, timeout: float) -> bool:

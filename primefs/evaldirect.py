@@ -62,7 +62,7 @@ def build_prompt(task: str, ctx: str, settings: dict) -> tuple[list[dict], dict]
 
 def run_direct(ws, model: str, items: list[dict], cfg: dict, control: dict, progress) -> dict:
     """Run every item as one model call; returns item id -> its session."""
-    from .gitops import Committer
+    from .gitops import Committer, Mark
     from .runner import Runner, RunnerLock
 
     settings = ws.resolve_model(model)
@@ -83,7 +83,8 @@ def run_direct(ws, model: str, items: list[dict], cfg: dict, control: dict, prog
         def one(item):
             s = sessions[item["id"]]
             _call(runner.gateway, DirectCaller(s, settings, limits), item)
-            committer.request(f"sessions/{s.id}", f"session {s.id} ({s.name}): direct call")
+            committer.request(f"sessions/{s.id}", f"session {s.id} ({s.name}): direct call",
+                              Mark(s.id, s.name, "direct call"))
             if progress:
                 progress(1)
 

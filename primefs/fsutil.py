@@ -77,3 +77,42 @@ def write_new(path: Path, text: str) -> bool:
         return True
     finally:
         os.unlink(tmp)
+
+
+def read_json_dict(path: Path) -> dict:
+    """A JSON object from a runtime file; {} when it is missing, broken or not an object."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def open_for_writing(path: Path) -> bool:
+    """Whether a process (that we may look at) has `path` open for writing: Linux /proc, best effort;
+    elsewhere always False. A file a person is still writing (`cat > goals/x.md`) is not read yet."""
+    try:
+        target = os.stat(path)
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"{fd_dir}/{fd}")
+                if (st.st_ino, st.st_dev) != (target.st_ino, target.st_dev):
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                    flags = int(next(line for line in info if line.startswith("flags:")).split()[1], 8)
+            except (OSError, StopIteration, ValueError):
+                continue
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                return True
+    return False

@@ -15,6 +15,8 @@ import time
 from . import tracing
 from .bell import Bell
 from .goalctl import GoalControl, SessionStopping
+from .livefeed import ReplyStream
+from .models import key_status
 from .plugins import provider_for
 from .providers.base import ModelError, ModelReply
 
@@ -22,6 +24,8 @@ from .providers.base import ModelError, ModelReply
 class ModelGateway:
     def __init__(self, ws, providers: list, goals: GoalControl, bell: Bell, log):
         self.ws, self.providers, self.goals, self.bell, self.log = ws, providers, goals, bell, log
+        self.calls: set[threading.Thread] = set()  # provider calls in flight (abandoned ones too)
+        self._calls_lock = threading.Lock()
 
     def complete(self, agent, messages: list[dict], tools, *, purpose: str, settings: dict | None = None) -> ModelReply:
         """One model call for `agent` (its session, limits, settings). Raises ModelError after the
@@ -31,6 +35,12 @@ class ModelGateway:
         settings["workspace"] = str(self.ws.root)
         provider = provider_for(self.providers, settings["model"], settings.get("provider"))
         history = agent.session.history
+        if provider.name == "litellm":  # a missing key is said plainly, once, not retried
+            problem = key_status(settings)[1]
+            if problem:
+                history.append("model_error", model=settings["model"], purpose=purpose, attempt=1, error=problem,
+                               retry_in_s=0)
+                raise ModelError(problem, retryable=False)
         retries = int(agent.limits["model_retries"])
         backoff = float(agent.limits["model_retry_backoff_s"])
         for attempt in range(retries + 1):
@@ -64,8 +74,13 @@ class ModelGateway:
         idle = float(agent.limits["stream_idle_timeout_s"])
         cancel = threading.Event()
         last_chunk = [time.monotonic()]
-        call = dict(settings, _cancel=cancel, _progress=lambda: last_chunk.__setitem__(0, time.monotonic()),
-                    _timeout_s=total, _idle_timeout_s=idle)
+        stream = ReplyStream(self.ws.state, agent.session.id)
+
+        def progress(text: str = "") -> None:  # a streaming provider calls this with each piece of text
+            last_chunk[0] = time.monotonic()
+            stream.write(text)
+
+        call = dict(settings, _cancel=cancel, _progress=progress, _timeout_s=total, _idle_timeout_s=idle)
         box: dict = {}
         done = threading.Event()
 
@@ -76,8 +91,21 @@ class ModelGateway:
                 box["error"] = exc
             finally:
                 done.set()
+                with self._calls_lock:
+                    self.calls.discard(threading.current_thread())
 
-        threading.Thread(target=run, name=f"model-{agent.session.id}", daemon=True).start()
+        thread = threading.Thread(target=run, name=f"model-{agent.session.id}", daemon=True)
+        with self._calls_lock:
+            self.calls.add(thread)
+        thread.start()
+        try:
+            return self._wait(agent, box, done, cancel, last_chunk, settings)
+        finally:
+            stream.close()
+
+    def _wait(self, agent, box: dict, done, cancel, last_chunk: list, settings: dict) -> ModelReply:
+        total = float(agent.limits["model_timeout_s"])
+        idle = float(agent.limits["stream_idle_timeout_s"])
         started = time.monotonic()
         while not done.wait(0.25):
             now = time.monotonic()
@@ -93,6 +121,15 @@ class ModelGateway:
         if "error" in box:
             raise box["error"]
         return box["reply"]
+
+    def drain(self, timeout: float) -> None:
+        """At shutdown: give cancelled calls a moment to close their connections (a streamed call sees
+        the cancel at its next chunk), so a model server in this process is not torn down under them."""
+        deadline = time.monotonic() + timeout
+        with self._calls_lock:
+            calls = list(self.calls)
+        for t in calls:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _pause(self, agent, seconds: float) -> None:
         """Back off before a retry, but give up at once when the session or the runner stops."""

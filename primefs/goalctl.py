@@ -152,9 +152,9 @@ class GoalControl:
             if not meta.get("autonomous"):
                 return None
             hit = self.exhausted(s.id, next_turn=True)
-            if hit:
-                reason = "end_conditions_failed" if hit[0] == "budget:turns" else hit[0]
-                s.set_status("stopped", stop_reason=reason, error=hit[1])
+            if hit:  # the budget says why it stopped; the error says the conditions still fail
+                s.set_status("stopped", stop_reason=hit[0], error=f"{hit[1]}; end conditions still failing: "
+                             + ", ".join(r["name"] for r in failing))
                 return None
             holder = self.holder(s.id)
             limit = self.tree.session(holder).meta["budget"].get("turns") if holder else None

@@ -6,6 +6,7 @@ change is one commit touching only that entry, with `Primefs-*` trailers saying 
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -180,7 +181,8 @@ class Harness:
             session: str | None = None, description: str | None = None, source: str = "agent",
             evidence=None, intent: str | None = None, files: dict[str, str | None] | None = None,
             **fields) -> str | None:
-        """Create or update one entry and commit it; returns the commit sha.
+        """Create or update one entry and commit it; returns the commit sha, or None when the content
+        (front matter apart from `primefs:`, body, a skill's files) is as it was: nothing is written.
 
         On update the existing front matter is edited in place (unknown keys and comments kept); `body`
         None keeps the old body. `fields` are extra front matter keys (`allowed_tools` -> `allowed-tools`;
@@ -208,6 +210,7 @@ class Harness:
             existing = md.exists()
             if existing:
                 meta, old_body = frontmatter.read(md, self._rel(md), root=self.root)  # broken: raise, never overwrite
+                before = _content(meta, old_body)
             elif body is None:
                 raise PrimefsError(f"{kind} {name!r} does not exist yet; give its body")
             else:
@@ -223,6 +226,9 @@ class Harness:
                     meta.pop(key, None)
                 else:
                     meta[key] = value
+            text = body if body is not None else old_body
+            if existing and _content(meta, text) == before and _same_files(path, files):
+                return None  # only the timestamp and provenance would change: not worth a commit
             pf = meta.get("primefs")
             if not isinstance(pf, dict):
                 pf = meta["primefs"] = CommentedMap()
@@ -233,7 +239,6 @@ class Harness:
                 pf["session"] = session
             else:
                 pf.pop("session", None)  # a stale author would be wrong provenance
-            text = body if body is not None else old_body
             md.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(md, frontmatter.dump(meta, text if text.endswith("\n") else text + "\n"))
             for fname, code in (files or {}).items():
@@ -291,6 +296,21 @@ def record_outcome(ws: Workspace, sha: str, outcome: str, note: str | None = Non
 
 
 # -- helpers ------------------------------------------------------------------------------------------
+def _content(meta, body: str) -> str:
+    """What an entry says, without its `primefs:` block (timestamps, who wrote it last)."""
+    data = {k: v for k, v in meta.items() if k != "primefs"}
+    return json.dumps([data, body if body.endswith("\n") else body + "\n"], default=str)
+
+
+def _same_files(folder: Path, files: dict | None) -> bool:
+    """Would writing a skill's `files` (code, or None to delete) leave them as they are?"""
+    for fname, code in (files or {}).items():
+        p = folder / fname
+        if (code is None and p.exists()) or (code is not None and (not p.is_file() or p.read_text(encoding="utf-8") != code)):
+            return False
+    return True
+
+
 def _timestamp(value) -> float | None:
     if isinstance(value, datetime):
         return value.timestamp()

@@ -10,6 +10,7 @@ from pathlib import Path
 from .errors import PrimefsError
 from .fsutil import check_name
 from .gitops import commit_lock, git
+from .harnesslog import parse_trailers, read_log
 
 KINDS = ("note", "memory", "skill", "agent")
 DIRS = {"note": "notes", "memory": "memory", "skill": "skills", "agent": "agents"}
@@ -85,38 +86,22 @@ class HarnessGit:
         parents, subject, trailers = out.split("\x1f", 2)
         t = parse_trailers(trailers)
         if "Primefs-Kind" not in t:
+            t = self._plain_revert(full) or t
+        if "Primefs-Kind" not in t:
             raise PrimefsError(f"commit {full[:10]} ({subject}) is not a harness change (no Primefs-Kind trailer)")
         if len(parents.split()) != 1:
             raise PrimefsError(f"commit {full[:10]} is a merge or root commit; cannot revert it")
         return full, subject, t
 
+    def _plain_revert(self, full: str) -> dict:
+        """A plain `git revert` of a harness change counts as a change of that entry (it has no trailers)."""
+        row = next((r for r in self.log() if r["sha"] == full), None)
+        return {"Primefs-Kind": row["kind"], "Primefs-Name": row["name"], "Primefs-Path": row["path"] or ""} if row else {}
+
     def log(self, limit: int | None = None) -> list[dict]:
-        """Harness commits, newest first, with their trailers and recorded outcome."""
-        fmt = "%H%x1f%aI%x1f%s%x1f%(trailers:only,unfold)%x1f%N%x1e"
-        args = ["log", f"--notes={NOTES_REF}", "--grep=^Primefs-Kind:", f"--format={fmt}"]
-        if limit:
-            args.append(f"-n{limit}")
-        out = []
-        for rec in git(self.root, *args).stdout.split("\x1e"):
-            if not rec.strip():
-                continue
-            sha, date, subject, trailers, note = rec.strip("\n").split("\x1f")
-            t = parse_trailers(trailers)
-            if "Primefs-Kind" not in t:
-                continue
-            path = t.get("Primefs-Path", "")
-            session = t.get("Primefs-Session", "-")
-            outcome, _, outcome_note = note.strip().partition("\n")
-            out.append({
-                "sha": sha, "date": date, "subject": subject, "kind": t["Primefs-Kind"],
-                "name": t.get("Primefs-Name"), "path": path or None,
-                "scope": "session" if path.startswith("sessions/") else "global",
-                "session": None if session == "-" else session, "source": t.get("Primefs-Source"),
-                "evidence": [e.strip() for e in t.get("Primefs-Evidence", "").split(",") if e.strip()],
-                "intent": t.get("Primefs-Intent"), "reverts": t.get("Primefs-Reverts"),
-                "outcome": outcome or None, "outcome_note": outcome_note.strip() or None,
-            })
-        return out
+        """Harness commits and reverts of them, newest first, with trailers, outcome and `reverted_by`."""
+        rows = read_log(self.root, NOTES_REF)
+        return rows[:limit] if limit else rows
 
     def revert(self, sha: str, *, source: str = "user", session: str | None = None,
                evidence=None, intent: str | None = None) -> str:
@@ -129,6 +114,9 @@ class HarnessGit:
         trailers = provenance(session, kind, name, t.get("Primefs-Path", ""), source, evidence, intent)
         self.commit_user_edits()
         with commit_lock(self.root):
+            by = next((r["reverted_by"] for r in self.log() if r["sha"] == full), None)
+            if by:  # git would find nothing to undo; say why instead
+                raise PrimefsError(f"cannot revert {full[:10]} ({subject}): already reverted by {by[:10]}")
             gitdir = self.root / git(self.root, "rev-parse", "--git-dir").stdout.strip()
             if any((gitdir / f).exists() for f in ("REVERT_HEAD", "CHERRY_PICK_HEAD", "MERGE_HEAD", "sequencer",
                                                      "rebase-merge", "rebase-apply")):
@@ -136,22 +124,30 @@ class HarnessGit:
             if git(self.root, "diff", "--cached", "--quiet", check=False).returncode != 0:
                 raise PrimefsError("there are staged changes in the workspace (git diff --cached); "
                                    "commit or unstage them before reverting")
+            before = git(self.root, "rev-parse", "HEAD").stdout.strip()
             r = git(self.root, "revert", "--no-edit", full, check=False)
             if r.returncode != 0:
-                git(self.root, "revert", "--abort", check=False)  # back to HEAD, tree clean
-                paths = re.findall(r"Merge conflict in (\S+)", r.stdout)
-                other = [ln for ln in r.stdout.splitlines() if ln.startswith("CONFLICT")]
-                why = (f"it conflicts with later changes to {', '.join(paths)}; edit the file instead" if paths else
-                       f"it conflicts with later changes ({other[0]})" if other else
-                       ((r.stderr or r.stdout).strip() or "git revert failed").splitlines()[0])
-                raise PrimefsError(f"cannot revert {full[:10]} ({subject}): {why}")
+                self._undo_failed_revert(before)
+                raise PrimefsError(f"cannot revert {full[:10]} ({subject}): {_why(r)}")
             trailers.append(("Primefs-Reverts", full))
             what = subject.split("): ", 1)[-1]  # "add - ..." of "harness(kind/name): add - ..."
+            if subject.startswith('Revert "'):  # a plain `git revert`: 'Revert "harness(kind/name): add - ..."'
+                what = f"git revert ({what.rstrip(chr(34))})"
             message = (f"harness({kind}/{name}): revert {full[:10]} ({summary(what, 50)})\n\n"
                        f"This reverts commit {full}.\n\n" + "".join(f"{k}: {v}\n" for k, v in trailers if v))
             # --only with no paths: change just the message, never pick up anything staged meanwhile
-            git(self.root, "commit", "--amend", "--only", "-q", "--no-verify", "-F", "-", input=message)
+            a = git(self.root, "commit", "--amend", "--only", "-q", "--no-verify", "-F", "-", input=message, check=False)
+            if a.returncode != 0:  # a revert without its trailers would not be a harness change: take it back
+                git(self.root, "reset", "-q", "--keep", before, check=False)
+                raise PrimefsError(f"cannot revert {full[:10]} ({subject}): git commit failed: {whole(a)}")
             return git(self.root, "rev-parse", "HEAD").stdout.strip()
+
+    def _undo_failed_revert(self, before: str) -> None:
+        git(self.root, "revert", "--abort", check=False)  # back to HEAD, tree clean
+        # a revert whose commit could not be written (e.g. signing failed) is left staged with no
+        # revert in progress, so --abort does nothing; the index was clean before, so undo what it staged
+        if git(self.root, "rev-parse", "HEAD").stdout.strip() == before:
+            git(self.root, "reset", "-q", "--merge", before, check=False)
 
     def record_outcome(self, sha: str, outcome: str, note: str | None = None) -> None:
         """Record whether a change had its intended effect, as a git note (replaces an earlier one)."""
@@ -161,6 +157,26 @@ class HarnessGit:
         text = outcome + (f"\n{note.strip()}" if note and note.strip() else "") + "\n"
         with commit_lock(self.root):
             git(self.root, "notes", f"--ref={NOTES_REF}", "add", "-f", "-F", "-", full, input=text)
+
+
+def whole(r) -> str:
+    """All that git said, as one line. Its hints are left out: they name commands for a revert in
+    progress (--continue, --skip), and the failed revert has been undone."""
+    lines = [ln.strip() for ln in (r.stderr + "\n" + r.stdout).splitlines()]
+    return "; ".join(ln for ln in lines if ln and not ln.startswith("hint:")) or f"git exited with {r.returncode}"
+
+
+def _why(r) -> str:
+    out = r.stdout + "\n" + r.stderr
+    paths = re.findall(r"Merge conflict in (\S+)", out)
+    if paths:
+        return f"it conflicts with later changes to {', '.join(paths)}; edit the file instead"
+    other = [ln.strip() for ln in out.splitlines() if ln.startswith("CONFLICT")]
+    if other:
+        return f"it conflicts with later changes ({'; '.join(other)})"
+    if "nothing to commit" in out:
+        return "its change is not in the files any more (git revert found nothing to undo)"
+    return f"git revert failed: {whole(r)}"
 
 
 def one_line(value) -> str:
@@ -189,15 +205,6 @@ def provenance(session, kind, name, path, source, evidence, intent) -> list[tupl
         out.append(("Primefs-Evidence", ", ".join(evidence)))
     if intent:
         out.append(("Primefs-Intent", intent))
-    return out
-
-
-def parse_trailers(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip():
-            out[key.strip()] = value.strip()
     return out
 
 

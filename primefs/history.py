@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from . import redact
+from . import livefeed, redact
 
 
 def now() -> float:
@@ -44,6 +44,8 @@ class History:
             event = {"ts": now(), "type": type, "n": self._seq, **fields}
             os.write(fd, (json.dumps(event, ensure_ascii=False, default=str) + "\n").encode("utf-8"))
             self._seq += 1
+        if livefeed._listeners:  # `run -v` in this process
+            livefeed.publish(self.path.parent.name, event)
         return event
 
     def close(self) -> None:

@@ -3,16 +3,23 @@ file once, across restarts), heartbeats that are due become mail, and hand edits
 become commits (`Primefs-Source: user`)."""
 from __future__ import annotations
 
+import json
 import threading
+import time
 from pathlib import Path
 
 from . import heartbeat
 from .errors import PrimefsError
+from .fsutil import open_for_writing, write_atomic
 from .goals import goal_listing, parse_goal
 from .postoffice import PostOffice
 from .scheduler import Scheduler
 from .session import Session, create_session
 from .tree import SessionTree
+
+
+SETTLE_S = 0.5  # a goal file is read once unchanged this long (and no process has it open for writing)
+REJECTED = "goals.json"  # .primefs/goals.json: goal files the runner refused, and why (for `primefs status`)
 
 
 class Intake:
@@ -21,17 +28,39 @@ class Intake:
             ws, tree, scheduler, post, conditions, log)
         self.claimed: set[str] = set()  # goal files that have a session (workspace-relative paths)
         self.reported: dict[str, float] = {}  # broken goal file -> mtime reported (report each version once)
+        self.rejected: dict[str, dict] = {}  # broken goal file -> {mtime, error}, as written to REJECTED
+        self.next_look: float | None = None  # monotonic time to look again at a goal file being written
+        self.config_stamp = ws.config_stamp()
         self.heartbeat_sessions: set[str] = set()
         self.harness_dirty = True  # hand edits of harness files may wait to be committed
         self._lock = threading.RLock()  # scan_goals -> add_heartbeat -> watch_heartbeats
         self.on_adopt = lambda sid: None  # the runner looks at adopted sessions (alive.py)
 
+    # -- primefs.yaml ------------------------------------------------------------------------------
+    def check_config(self) -> bool:
+        """Read primefs.yaml again if it changed (a model alias just added is known to the next goal).
+        True when new settings are in force; a broken file is reported and the old settings stay."""
+        stamp = self.ws.config_stamp()
+        if stamp == self.config_stamp:
+            return False
+        self.config_stamp = stamp
+        try:
+            self.ws.reload_config()
+        except PrimefsError as exc:
+            self.log(f"error: primefs.yaml not reloaded (the settings read before stay in force): {exc}")
+            return False
+        self.log("primefs.yaml reloaded: its models and limits apply to new sessions and turns "
+                 "(hosts and mcp_servers at the next start)")
+        return True
+
     # -- goals ------------------------------------------------------------------------------------
     def scan_goals(self) -> None:
         with self._lock:
+            self.next_look = None
             files, strays = goal_listing(self.ws)
             for stray in strays:
                 self.log(f"goal error: {stray}")  # said once
+            rejected = dict(self.rejected)
             for path in files:
                 rel = path.relative_to(self.ws.root).as_posix()
                 if rel not in self.claimed:
@@ -39,19 +68,44 @@ class Intake:
                         self._take_goal(path, rel)
                     except Exception as exc:  # noqa: BLE001 - one goal file never stops the others
                         self.log(f"goal error: {rel}: {type(exc).__name__}: {exc}")
+            present = {p.relative_to(self.ws.root).as_posix() for p in files}
+            self.rejected = {rel: r for rel, r in self.rejected.items() if rel in present and rel not in self.claimed}
+            if self.rejected != rejected:
+                self._write_rejected()
+
+    def _settled(self, path: Path) -> float | None:
+        """The file's mtime once it is settled; None while it is being written (look again soon)."""
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return None
+        age = time.time() - mtime
+        if 0 <= age < SETTLE_S or (0 <= age < 600 and open_for_writing(path)):
+            wait = max(SETTLE_S - age, 0.1) if age < SETTLE_S else SETTLE_S
+            soon = time.monotonic() + wait
+            self.next_look = soon if self.next_look is None else min(self.next_look, soon)
+            return None
+        return mtime
+
+    def _write_rejected(self) -> None:
+        try:
+            write_atomic(self.ws.state / REJECTED, json.dumps(self.rejected, indent=1), durable=False)
+        except OSError:
+            pass
 
     def _take_goal(self, path: Path, rel: str) -> None:
+        mtime = self._settled(path)
+        if mtime is None:
+            return
         try:
             goal = parse_goal(self.ws, path, self.conditions)
         except PrimefsError as exc:
-            try:
-                mtime = path.stat().st_mtime
-            except OSError:
-                mtime = 0
+            self.rejected[rel] = {"mtime": mtime, "error": str(exc)}
             if self.reported.get(rel) != mtime:
                 self.reported[rel] = mtime
                 self.log(f"goal error: {exc}")
             return
+        self.rejected.pop(rel, None)
         extra = dict(goal.control)
         if goal.limits:
             extra["limits"] = goal.limits

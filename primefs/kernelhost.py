@@ -53,6 +53,10 @@ class KernelHandle(ABC):
     @abstractmethod
     def shutdown(self) -> None: ...
 
+    def connection(self) -> dict | None:
+        """Its Jupyter connection info, for a client on this machine (`primefs kernel`); None if unreachable."""
+        return None
+
     def snapshot(self, folder: Path, max_bytes: int, reason: str, timeout: float = 120.0) -> dict:
         """Save the user namespace to `folder` (see kernel_snapshot.snapshot); returns its manifest."""
         return self._call(f"{API}.snapshot({str(folder)!r}, {int(max_bytes)}, {reason!r})", timeout)

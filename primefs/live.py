@@ -13,21 +13,21 @@ import os
 import sys
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from .cliopts import workspace, ws_option
 from .daemon import human_age, runner_state
 from .errors import PrimefsError
-from .logview import print_events
 from .index import Entry, Index
+from .livefeed import StreamTail, stream_path
+from .logview import EventPrinter, print_events
 from .session import Session, find_session, session_names
+from .sessionsview import Row, arrange, table, window
 
 POLL_S = 0.2
 
@@ -101,17 +101,17 @@ class HistoryReader:
 def follow(session: Session, console: Console, stop_event: threading.Event | None = None,
            from_start: bool = True, *, last: int | None = None, names: dict[str, str] | None = None,
            poll: float = POLL_S, header: bool = True) -> int:
-    """Print a session's events, then stream new ones as they are appended, until `stop_event` is set.
+    """Print a session's events, then stream new ones as they are appended, and the text of a model
+    reply as it streams, until `stop_event` is set.
 
     from_start: print the events already there first (only the `last` N of them if given);
-    otherwise start at the end of the file. Each batch goes through logview.print_events; the
-    session header line is printed once, at the start (when `header`). New sessions appearing in
-    events (spawns) get their names looked up again. Ctrl-C propagates as KeyboardInterrupt.
-    Returns the number of events printed.
+    otherwise start at the end of the file. The session header line is printed once, at the start
+    (when `header`). New sessions appearing in events (spawns) get their names looked up again.
+    Ctrl-C propagates as KeyboardInterrupt. Returns the number of events printed.
     """
     reader = HistoryReader(session.dir / "history.jsonl")
-    names = dict(names) if names is not None else session_names(session.dir.parent)
-    printed = 0
+    stream = StreamTail(stream_path(session.dir.parent.parent / ".primefs", session.id))
+    printer = EventPrinter(console, dict(names) if names is not None else session_names(session.dir.parent))
     if from_start:
         events = reader.read()
         if last is not None:
@@ -120,54 +120,69 @@ def follow(session: Session, console: Console, stop_event: threading.Event | Non
         reader.seek_end()
         events = []
     if header:
-        print_events(console, session, events, names)
-    elif events:
-        print_events(console, session, events, names, header=False)
-    printed += len(events)
-    while True:
-        if stop_event is not None:
-            if stop_event.wait(poll):
-                break
-        else:
-            time.sleep(poll)
-        events = reader.read()
-        if not events:
-            continue
+        printer.header(session)
+    printed = 0
+
+    def show(events: list[dict]) -> None:
+        nonlocal printed
         if any(e.get("type") in ("spawn", "sent", "message") for e in events):
-            names = session_names(session.dir.parent)
-        print_events(console, session, events, names, header=False)
+            printer.names = session_names(session.dir.parent)
+        printer.events(events)
         printed += len(events)
-    # last look: events written just before the stop
-    events = reader.read()
-    if events:
-        print_events(console, session, events, names, header=False)
-        printed += len(events)
+        text = stream.read()  # after the history: a reply streaming now comes after the events before it
+        if text:
+            printer.event({"type": "delta", "ts": time.time(), "text": text})
+
+    show(events)
+    while not (stop_event.wait(poll) if stop_event is not None else time.sleep(poll)):
+        show(reader.read())
+    show(reader.read())  # last look: events written just before the stop
+    printer.end_line()
     return printed
 
 
-# -- primefs tail -------------------------------------------------------------------------------------
-@click.command("tail")
+def follow_events(s: Session, console: Console, *, names: dict, last: int | None = None, keep: bool = False,
+                  only_new: bool = False, as_json: bool = False) -> None:
+    """`primefs log`: the events (the last N), then, with `follow`, new ones until Ctrl-C."""
+    if as_json:
+        reader = HistoryReader(s.dir / "history.jsonl")
+        if only_new:
+            reader.seek_end()
+        events = reader.read()
+        for e in events[-last:] if last else ([] if last == 0 else events):
+            click.echo(json.dumps(e, ensure_ascii=False))
+        while keep:  # raw events as they are appended, one JSON object per line
+            for e in reader.read():
+                click.echo(json.dumps(e, ensure_ascii=False))
+            sys.stdout.flush()
+            time.sleep(POLL_S)
+        return
+    if not keep:
+        events = s.events()
+        print_events(console, s, events[-last:] if last else ([] if last == 0 else events), names)
+        return
+    follow(s, console, from_start=not only_new, last=last, names=names)
+
+
+# `primefs tail` was `primefs log -f`; kept, hidden, for scripts that use it.
+@click.command("tail", hidden=True)
 @click.argument("session")
-@click.option("-n", "--lines", "last", type=int, default=None, metavar="N",
-              help="Show only the last N existing events first (default: all of them).")
-@click.option("--new", "only_new", is_flag=True, help="Show no existing events, only new ones.")
+@click.option("-n", "--count", "--lines", "last", type=int, default=None, metavar="N")
+@click.option("--new", "only_new", is_flag=True)
 @ws_option
 @click.pass_context
 def follow_log(ctx, session, last, only_new):
-    """Show a session's history, then new events as they happen (SESSION: id or name). Ctrl-C quits."""
+    """Same as `primefs log -f` (kept for scripts)."""
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
-    console = Console(highlight=False)
-    try:
-        follow(s, console, from_start=not only_new, last=last)
-    except KeyboardInterrupt:
-        pass
+    follow_events(s, Console(highlight=False), names=session_names(ws.sessions), last=last, keep=True,
+                  only_new=only_new)
 
 
 # -- primefs attach -----------------------------------------------------------------------------------
 @click.command()
 @click.argument("session")
-@click.option("-n", "--lines", "last", type=int, default=20, show_default=True, metavar="N",
+@click.option("-n", "--count", "--lines", "last", type=int, default=20, show_default=True, metavar="N",
               help="Existing events to show first (0: none, -1: all).")
 @ws_option
 @click.pass_context
@@ -175,7 +190,7 @@ def attach(ctx, session, last):
     """Watch SESSION (id or name) live and talk to it: each line you type is mailed to it as `kind: user`.
 
     An idle or finished session takes a turn for each message (a runner must run: `primefs up`).
-    Ctrl-D or Ctrl-C detaches; the session keeps running.
+    Replies show as they stream. Ctrl-D or Ctrl-C detaches (the session is not stopped).
     """
     from .mail import deliver
 
@@ -232,7 +247,22 @@ def attach(ctx, session, last):
         stop.set()
     for p in problems:
         err.print(f"[red]error:[/red] reading input: {escape(p)}")
-    console.print("detached; the session keeps running")
+    console.print(f"detached; {_where_it_stands(ws, s)}", markup=False)
+
+
+def _where_it_stands(ws, s: Session) -> str:
+    """What is true of the session as `attach` leaves it."""
+    try:
+        status = s.reload().get("status")
+    except (PrimefsError, OSError):
+        return "its session.yaml cannot be read now"
+    if status == "stopped":
+        return f"{s.name} is stopped and takes no more turns"
+    if not runner_state(ws)["running"]:
+        return f"{s.name} is {status}; no runner is running (primefs up starts one)"
+    if status in ("running", "pending"):
+        return f"{s.name} keeps running"
+    return f"{s.name} is {status}; a message (primefs send) starts its next turn"
 
 
 # -- primefs agents -----------------------------------------------------------------------------------
@@ -253,6 +283,7 @@ class AgentsView:
 
     def __init__(self, ws):
         self.ws = ws
+        self.offset = self.total = 0  # the first line shown, of how many
         self.sessions: dict[str, Entry] = {}
         self.tracks: dict[str, _Track] = {}
         self.readable: set[str] = set()  # sessions whose session.yaml was read at least once
@@ -260,9 +291,9 @@ class AgentsView:
 
     def refresh(self) -> None:
         rows = self.index.sync()
-        for sid in list(self.sessions):
+        for sid in list(self.tracks):
             if sid not in rows:
-                self.sessions.pop(sid)
+                self.sessions.pop(sid, None)
                 self.tracks.pop(sid, None)
                 self.readable.discard(sid)
         for sid, row in rows.items():
@@ -271,78 +302,105 @@ class AgentsView:
                 self.sessions[sid] = Entry(row)
                 self.readable.add(sid)
 
-    def order(self) -> list[str]:
-        """Roots in creation order, each followed by its descendants (depth first), as in `primefs status`."""
-        from .accounting import tree_order
-
-        index = type("Index", (), {})()
-        index.sessions = {sid: s for sid, s in self.sessions.items() if sid in self.readable}
-        index.children = defaultdict(list)
-        for sid, s in index.sessions.items():
-            index.children[s.meta.get("parent")].append(sid)
-        return tree_order(index)
-
-    def render(self):
+    def rows(self) -> tuple[list, dict]:
+        """The sessions as rows for sessionsview (own tokens and cost), and the runner's state."""
         now = time.time()
         info = runner_state(self.ws)
         state = info["state"] or {}
         waiting = set(state.get("waiting_sessions") or [])
         queued = set(state.get("queued_sessions") or [])
-        order = self.order()
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        table.add_column("session", no_wrap=True)
-        table.add_column("name", no_wrap=True, max_width=28, overflow="ellipsis")
-        table.add_column("status", no_wrap=True)
-        nodes = any(self.sessions[sid].meta.get("node") for sid in order)  # kernels on Ray nodes
-        if nodes:
-            table.add_column("node", no_wrap=True)
-        for col in ("turns", "tokens", "cost $"):
-            table.add_column(col, justify="right", no_wrap=True)
-        table.add_column("last event", no_wrap=True)
-        table.add_column("age", justify="right", no_wrap=True)
-        colors = {"running": "green", "idle": "cyan", "done": "blue", "failed": "red", "stopped": "yellow",
-                  "pending": "magenta"}
-        total_tokens, total_cost = 0, 0.0
-        for sid in order:
-            s, tr = self.sessions[sid], self.tracks[sid]
+        active = set(state.get("active_sessions") or [])
+        rows = []
+        for sid in sorted(self.tracks):
+            s, tr = self.sessions.get(sid), self.tracks[sid]
+            if s is None:  # never readable: shown as broken
+                rows.append(Row(id=sid, name=sid, parent=None, status="broken", label="broken",
+                                detail="session.yaml cannot be read", turns=tr.turns, tokens=tr.tokens, cost=tr.cost))
+                continue
             m = s.meta
             status = m.get("status") or "pending"
-            label = status
-            if sid in waiting:
-                label += " (wait)"
-            elif sid in queued:
-                label += " (queued)"
+            label = status + (" (wait)" if sid in waiting else " (queued)" if sid in queued else "")
             if m.get("stop_reason") and status not in ("done", "running"):
                 label += f" ({m['stop_reason']})"
             last = tr.last or {}
             kind = str(last.get("type") or "")
             if kind == "turn_end" and last.get("outcome"):
                 kind += f": {last['outcome']}"
-            age = human_age(now - last["ts"]) if last.get("ts") else ""
-            total_tokens += tr.tokens
-            total_cost += tr.cost
-            where = [Text(str(m.get("node") or "local"))] if nodes else []
-            table.add_row(Text("  " * int(m.get("depth") or 0) + sid), Text(str(m.get("name") or "")),
-                          Text(label, style=colors.get(status, "")), *where, str(tr.turns), f"{tr.tokens:,}",
-                          f"{tr.cost:.4f}", Text(kind), age)
-        if info["running"]:
-            head = (f"runner: pid {info['pid']}, {len(state.get('active_sessions') or [])} active, "
-                    f"{len(waiting)} waiting, {len(queued)} queued, {state.get('live_kernels', '?')} kernels")
-        else:
-            head = "runner: not running (start one with `primefs up`)"
-        head += f"  |  {len(order)} sessions, {total_tokens:,} tokens, ${total_cost:.4f}  |  {time.strftime('%H:%M:%S')}"
+            rows.append(Row(id=sid, name=str(m.get("name") or sid), parent=m.get("parent"), status=status,
+                            label=label, turns=tr.turns, tokens=tr.tokens, cost=tr.cost, detail=kind,
+                            age=human_age(now - last["ts"]) if last.get("ts") else "", node=m.get("node"),
+                            busy=sid in active or sid in queued or sid in waiting))
+        return rows, info
+
+    def render(self, width: int = 80, height: int | None = None, offset: int = 0):
+        """Header, then the table: work first, finished children folded; `height` lines at most, from
+        `offset` (the rest is scrolled to)."""
         from rich.console import Group
 
-        body = table if order else Text("no sessions yet")
-        return Group(Text(head, style="bold"), body)
+        rows, info = self.rows()
+        state = info["state"] or {}
+        if info["running"]:
+            head = (f"runner pid {info['pid']}: {len(state.get('active_sessions') or [])} active, "
+                    f"{len(state.get('waiting_sessions') or [])} waiting, {len(state.get('queued_sessions') or [])} "
+                    f"queued, {state.get('live_kernels', '?')} kernels")
+        else:
+            head = "no runner (primefs up)"
+        tokens, cost = sum(r.tokens for r in rows), sum(r.cost for r in rows)
+        head += f" | {len(rows)} sessions, {tokens:,} tokens, ${cost:.4f}"
+        if len(head) + 11 <= width:
+            head += f" | {time.strftime('%H:%M:%S')}"
+        if not rows:
+            return Group(Text(head, style="bold"), Text("no sessions yet"))
+        items = arrange(rows, fold=True)
+        self.total = len(items)
+        shown, self.offset, below = window(items, (height - 3) if height else len(items), offset)
+        parts = [Text(head, style="bold"), table(shown, width, last="last event", with_age=True)]
+        if self.offset or below:
+            parts.append(Text(f"{self.offset} above, {below} below: j/k or arrows to scroll, g/G top/bottom, "
+                              "q quits", style="dim"))
+        return Group(*parts)
+
+
+class Keys:
+    """Scroll keys from a terminal (cbreak mode, restored at the end); nothing when stdin is no terminal."""
+
+    def __init__(self):
+        self.offset, self.quit, self._old = 0, False, None
+
+    def __enter__(self):
+        import termios
+        import tty
+
+        if sys.stdin.isatty():
+            self._old = termios.tcgetattr(sys.stdin.fileno())
+            tty.setcbreak(sys.stdin.fileno())
+            threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        import termios
+
+        if self._old is not None:
+            termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, self._old)
+
+    def _read(self) -> None:
+        moves = {b"j": 1, b"\x1b[B": 1, b"k": -1, b"\x1b[A": -1, b" ": 20, b"\x1b[6~": 20, b"b": -20,
+                 b"\x1b[5~": -20, b"g": -10**9, b"G": 10**9}
+        while not self.quit:
+            key = os.read(sys.stdin.fileno(), 8)
+            if not key or key in (b"q", b"\x03"):
+                self.quit = True
+                return
+            self.offset = max(0, self.offset + moves.get(key, 0))
 
 
 @click.command()
-@click.option("--once", is_flag=True, help="Print one frame and exit (for scripts).")
+@click.option("--once", is_flag=True, help="Print one frame and exit.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: a JSON list, one object per session (for scripts).")
 @click.option("--interval", type=float, default=1.0, show_default=True, metavar="S", help="Seconds between refreshes.")
 @ws_option
 @click.pass_context
-def agents(ctx, once, interval):
+def agents(ctx, once, as_json, interval):
     """A live view of the session tree: status, turns, tokens, cost, last event and its age. Ctrl-C quits.
 
     Tokens and cost are each session's own (the header sums them over the workspace).
@@ -353,16 +411,28 @@ def agents(ctx, once, interval):
     view = AgentsView(ws)
     view.refresh()
     console = Console(highlight=False)
+    if as_json:
+        rows, _ = view.rows()
+        click.echo(json.dumps([{"id": r.id, "name": r.name, "parent": r.parent, "status": r.status, "label": r.label,
+                                "turns": r.turns, "tokens": r.tokens, "cost_usd": round(r.cost, 10),
+                                "last_event": r.detail, "age": r.age, "node": r.node, "busy": r.busy}
+                               for r in rows], indent=1))
+        return
     if once:
-        console.print(view.render())
+        width = console.width if console.is_terminal else max(console.width, 160)  # piped: ids and whole names
+        console.print(view.render(width), soft_wrap=not console.is_terminal)
         return
     try:
-        with Live(view.render(), console=console, refresh_per_second=4, auto_refresh=False,
-                  vertical_overflow="crop") as live:
-            while True:
-                time.sleep(max(0.05, interval))
+        with Keys() as keys, Live(view.render(console.width, console.height), console=console, auto_refresh=False,
+                                  vertical_overflow="crop") as live:
+            while not keys.quit:
+                for _ in range(max(1, int(interval / 0.05))):  # keys move the view at once
+                    time.sleep(0.05)
+                    if keys.offset != view.offset or keys.quit:
+                        break
                 view.refresh()
-                live.update(view.render(), refresh=True)
+                live.update(view.render(console.width, console.height, keys.offset), refresh=True)
+                keys.offset = view.offset  # kept in range
     except KeyboardInterrupt:
         pass
 

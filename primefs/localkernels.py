@@ -80,6 +80,9 @@ class LocalKernel(KernelHandle):
     def alive(self) -> bool:
         return not self.dead and process_state(self.pid) not in (None, "Z", "X")
 
+    def connection(self) -> dict | None:
+        return dict(self.client.info)
+
     def interrupt(self) -> None:
         if not self.dead:
             try:

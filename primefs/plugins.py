@@ -32,6 +32,7 @@ class BuiltinProviders:
 def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
     pm = pluggy.PluginManager("primefs")
     pm.add_hookspecs(hookspecs)
+    pm.primefs_failed = []  # plugins that did not load: {name, source, kind, error} (`primefs plugins`)
     from .endconditions import BuiltinEndConditions
 
     pm.register(BuiltinProviders(), name="primefs.builtin")
@@ -53,6 +54,8 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
         try:
             pm.register(ep.load(), name=ep.name)
         except Exception as exc:
+            pm.primefs_failed.append({"name": ep.name, "source": ep.value, "kind": "entry point",
+                                      "error": f"{type(exc).__name__}: {exc}"})
             warnings.warn(f"plugin {ep.name} ({ep.value}) not loaded: {type(exc).__name__}: {exc}", stacklevel=2)
 
 
@@ -65,7 +68,22 @@ def _load_file(pm: pluggy.PluginManager, path: Path) -> None:
         spec.loader.exec_module(module)
         pm.register(module, name=f"workspace:{path.name}")
     except Exception as exc:
+        pm.primefs_failed.append({"name": f"workspace:{path.name}", "source": str(path), "kind": "workspace file",
+                                  "error": f"{type(exc).__name__}: {exc}"})
         warnings.warn(f"plugin {path} not loaded: {type(exc).__name__}: {exc}", stacklevel=2)
+
+
+def plugin_report(pm: pluggy.PluginManager) -> list[dict]:
+    """Every plugin: loaded ones with where they came from and the hooks they implement, then failures."""
+    out = []
+    for name, plugin in pm.list_name_plugin():
+        kind = "built-in" if name.startswith("primefs.builtin") else \
+            "workspace file" if name.startswith("workspace:") else "entry point"
+        source = getattr(plugin, "__file__", None) or getattr(type(plugin), "__module__", "")
+        hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
+        out.append({"name": name, "kind": kind, "source": source, "loaded": True, "hooks": hooks, "error": None})
+    out += [{**f, "loaded": False, "hooks": []} for f in getattr(pm, "primefs_failed", [])]
+    return out
 
 
 def providers(pm: pluggy.PluginManager) -> list:

@@ -12,7 +12,9 @@ import re
 from typing import Callable
 
 from .errors import PrimefsError
+from .goalctl import BudgetExhausted, SessionStopping
 from .harness import Harness, check_entry_name, check_kind
+from .providers.base import ModelError
 from .session import Session
 from .workspace import Workspace
 
@@ -175,6 +177,13 @@ def _apply(ws, harness: Harness, edit, planned: dict, shown: set, sid: str, chai
             "rationale": edit.get("rationale")}
 
 
+def reason(exc: Exception) -> str:
+    """Why a refinement failed, as one line without the exception's class: ours say what happened."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, (PrimefsError, ModelError, BudgetExhausted, SessionStopping)) and text:
+        return text
+    return f"unexpected error: {text or type(exc).__name__}"  # a bug: still one line, never a traceback
+
 
 def run_refine(ws: Workspace, agent, chain: list[str], log, instructions: str | None = None,
                scope: str = "global", model: str | None = None) -> dict:
@@ -186,7 +195,7 @@ def run_refine(ws: Workspace, agent, chain: list[str], log, instructions: str | 
                         max_events=int(agent.limits["refine_events"]),
                         complete=lambda msgs: agent.complete(msgs, purpose="refine", settings=settings))
     except Exception as exc:
-        result = {"applied": [], "rejected": [], "error": f"{type(exc).__name__}: {exc}"}
+        result = {"applied": [], "rejected": [], "error": reason(exc)}
     agent.record("refine", instructions=instructions, scope=scope, **result)
     log(f"{agent.session.id}: refine: {len(result['applied'])} applied, {len(result['rejected'])} rejected"
         + (f", error: {result['error']}" if result.get("error") else ""))

@@ -31,6 +31,7 @@ from .gateway import ModelGateway
 from .gitops import Committer
 from .goalctl import GoalControl
 from .intake import Intake
+from .liverequests import LiveRequests
 from .plugins import end_conditions, plugin_manager, providers
 from .postoffice import PostOffice
 from .scheduler import Scheduler
@@ -107,8 +108,7 @@ class Runner:
         self.ws = ws
         self.ray = ray  # `run --ray ADDRESS`: kernels on that Ray cluster (else `hosts:` decides)
         self.log = OnceLog(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
-        self.limits = ws.limits()
-        redact.configure(ws.config)  # the keys this workspace names are never written to a file
+        self._configure()
         self.pm = plugin_manager(ws.root)
         conditions = end_conditions(self.pm)
         self.bell = Bell()
@@ -122,6 +122,7 @@ class Runner:
         self.toolbox = ToolBox(ws, self.pm, self.log)
         self.turns = Turns(ws, self.tree, self.post, self.scheduler, self.goals, self.bell, self._make_agent,
                            self.intake.commit_hand_edits, self.log)
+        self.requests = LiveRequests(ws, self.turns, self.log)
         self.services = KernelServices(ws, self.tree, self.turns, self.post, self.scheduler, self.goals,
                                        self.intake, self.bell, self.toolbox)
         self.alive = Alive(ws, self.tree, self.intake, self.turns, self.scheduler, self.log,
@@ -131,6 +132,11 @@ class Runner:
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
+
+    def _configure(self) -> None:
+        """Settings from primefs.yaml (again after it changed: Intake.check_config)."""
+        self.limits = self.ws.limits()
+        redact.configure(self.ws.config)  # the keys this workspace names are never written to a file
 
     def _make_agent(self, session: Session) -> Agent:
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,
@@ -142,6 +148,17 @@ class Runner:
 
     def refine(self, sid: str, **request) -> dict:
         return self.turns.refine(self.turns.agent(sid), **request)
+
+    def outcome(self) -> dict:
+        """What went wrong under this runner: sessions that failed (and still are), goal files refused."""
+        failed = []
+        for sid in sorted(self.turns.failed):
+            try:
+                if self.tree.session(sid).reload().get("status") == "failed":
+                    failed.append(sid)
+            except (PrimefsError, OSError):
+                failed.append(sid)
+        return {"failed": failed, "rejected": sorted(self.intake.rejected)}
 
     def stop(self) -> None:
         """Ask a running `run()` to return (from another thread)."""
@@ -220,15 +237,19 @@ class Runner:
                 self.guarded("heartbeats", self.intake.tick_heartbeats)
                 last_tick = now
                 self._archive_requested()
+            look = self.intake.next_look  # a goal file being written: read it once it settles
+            if look is not None and now >= look:
+                self.guarded("goals", self.intake.scan_goals)
+                look = self.intake.next_look
             with self.bell.cond:
                 self.scheduler.dispatch()
                 if self.bell.stopping:
                     return
-                if not (once and self.scheduler.idle()):
-                    self.bell.cond.wait(1.0)
+                if not (once and self.scheduler.idle()) or look is not None:
+                    self.bell.cond.wait(1.0 if look is None else min(1.0, max(0.02, look - time.monotonic())))
                     continue
             self.guarded("scan", self.scan)  # one last look: files may have come from outside meanwhile
-            if self.scheduler.idle():
+            if self.scheduler.idle() and self.intake.next_look is None:
                 return
 
     def _handle_sigterm(self) -> None:
@@ -250,10 +271,12 @@ class Runner:
         self.bell.ring()  # release waiters in wait()/recv()
         self.turns.interrupt_all()
         self.scheduler.join(10)
+        self.gateway.drain(2.0)
         self.turns.shutdown_kernels()
         if self.host is not None:
             self.host.close()
         self.toolbox.close()
+        self.requests.close()
         self.intake.harness_touched()
         self.intake.commit_hand_edits()
         committer = self.turns.committer
@@ -274,7 +297,12 @@ class Runner:
             rel = path.relative_to(self.ws.root).parts
         except ValueError:
             return
-        if rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
+        if rel[:1] == ("goals",) or rel[:2] == (".primefs", "requests"):
+            if self.intake.check_config():  # e.g. a goal for a model just added to primefs.yaml
+                self._configure()
+        if rel[:2] == (".primefs", "requests"):
+            self.requests.take(path)
+        elif rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
             self.intake.scan_goals()
         elif rel[:1] == ("harness",) or (len(rel) > 2 and rel[0] == "sessions" and rel[2] == "harness"):
             self.intake.harness_touched()
@@ -311,7 +339,10 @@ class Runner:
         self._archiving.start()
 
     def scan(self) -> None:
+        if self.intake.check_config():
+            self._configure()
         self.intake.scan_goals()
+        self.requests.scan()
         self.alive.scan()
 
     def apply_stop(self, sid: str) -> None:
@@ -342,9 +373,12 @@ class Runner:
 def refine_offline(ws: Workspace, sid: str, request: dict, log) -> dict:
     """`primefs refine` with no runner running (the caller holds the runner lock)."""
     from .harness import session_chain
+    from .refine import run_refine
 
     runner = Runner(ws, log=log)
     chain = session_chain(ws, sid)
     for child, parent in zip(chain, chain[1:] + [None]):
         runner.tree.link(child, parent)
-    return runner.refine(sid, **{k: v for k, v in request.items() if v is not None})
+    # the command prints each edit and the error itself: the runner's one-line summary would say it twice
+    return run_refine(ws, runner.turns.agent(sid), runner.tree.chain(sid), lambda line: None,
+                      **{k: v for k, v in request.items() if v is not None})

@@ -117,6 +117,8 @@ def check_config(data, where: str = "primefs.yaml") -> dict:
         check_servers(data["mcp_servers"])
     if data.get("hosts") is not None:
         check_hosts(data["hosts"], where)
+    if data.get("kernel_connect") is not None and not isinstance(data["kernel_connect"], bool):
+        raise PrimefsError(f"{where}: kernel_connect must be true or false")
     return data
 
 

@@ -13,7 +13,7 @@ from .agent import Agent
 from .bell import Bell
 from .conversation import fenced_code
 from .errors import PrimefsError
-from .gitops import Committer
+from .gitops import Committer, Mark
 from .goalctl import GoalControl
 from .postoffice import PostOffice
 from .refine import run_refine
@@ -31,6 +31,7 @@ class Turns:
         self.make_agent, self.commit_hand_edits, self.log = make_agent, commit_hand_edits, log
         self.committer: Committer | None = None
         self.agents: dict[str, Agent] = {}
+        self.failed: set[str] = set()  # sessions that failed under this runner (`run --once` exit code)
         self._lock = threading.Lock()
         self._idle: OrderedDict[str, None] = OrderedDict()  # idle sessions holding a kernel, oldest first
         self.max_idle_kernels = int(ws.limits()["max_idle_kernels"])
@@ -65,7 +66,7 @@ class Turns:
                 self._fail(sid, exc)
         finally:
             if agent is not None and not self.bell.stopping:
-                self._park(agent)
+                self.park(agent)
         if self.bell.stopping:
             return False
         try:
@@ -78,6 +79,7 @@ class Turns:
             s = self.tree.session(sid)
             s.history.append("error", error=f"{type(exc).__name__}: {exc}")
             s.set_status("failed", error=f"{type(exc).__name__}: {exc}", stop_reason="error")
+            self.failed.add(sid)
             self.report_to_parent(s, None)
         except Exception:
             pass
@@ -157,6 +159,8 @@ class Turns:
                      stop_reason=s.meta.get("stop_reason"))
         s.summary()  # summaries are written at turn ends and status changes, not at every event
         self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
+        if s.status == "failed":
+            self.failed.add(s.id)
         self.report_to_parent(s, turn)
         self.commit_hand_edits()
         self._commit(s, f"turn {turn} {outcome}")
@@ -169,8 +173,9 @@ class Turns:
         goal = s.meta.get("goal")
         if goal and (self.ws.root / goal).exists():
             paths.append(goal)
+        mark = Mark(s.id, s.name, what, goal)
         for p in paths:
-            self.committer.request(p, f"session {s.id} ({s.name}): {what}")
+            self.committer.request(p, f"session {s.id} ({s.name}): {what}", mark)
 
     def report_to_parent(self, s: Session, turn: int | None) -> None:
         """A child's turn ended: its result (or error) goes to the parent's mail as `kind: result`."""
@@ -223,7 +228,7 @@ class Turns:
         threading.Thread(target=self.refine, args=(agent,), kwargs=request, daemon=True).start()
 
     # -- kernels of idle sessions -----------------------------------------------------------------
-    def _park(self, agent: Agent) -> None:
+    def park(self, agent: Agent) -> None:
         """Keep an idle session's kernel for its next turn, within limits.max_idle_kernels: the oldest
         idle ones are snapshotted and shut down (their next turn restores them)."""
         if not agent.kernel.running():

@@ -38,6 +38,9 @@ def watch(ws, alive, on_path: Callable[[Path], None]) -> Watch:
     observer = Observer()
     observer.schedule(Hint(), str(ws.goals), recursive=False, event_filter=changes)
     observer.schedule(Hint(), str(ws.harness), recursive=True, event_filter=changes)
+    requests = ws.state / "requests"  # `primefs exec` / `primefs kernel` (liverequests.py)
+    requests.mkdir(parents=True, exist_ok=True)
+    observer.schedule(Hint(), str(requests), recursive=False, event_filter=changes)
     observer.daemon = True
     observer.start()
     alive.start_watch(on_path)  # not watchdog on sessions/: its recursive watch grows with every session

@@ -97,6 +97,21 @@ class Workspace:
         """primefs.yaml, checked whole (a bad file is one error naming the key and the allowed values)."""
         return check_config(load_yaml(self.root / CONFIG, label=CONFIG) or {}, CONFIG) or {}
 
+    def config_stamp(self) -> tuple:
+        try:
+            st = (self.root / CONFIG).stat()
+            return st.st_mtime_ns, st.st_size, st.st_ino
+        except OSError:
+            return ()
+
+    def reload_config(self) -> dict:
+        """Read primefs.yaml again (the runner, when the file changed). A broken file raises
+        PrimefsError and the config read before stays in force."""
+        fresh = check_config(load_yaml(self.root / CONFIG, label=CONFIG) or {}, CONFIG) or {}
+        check_limits(fresh.get("limits") or {}, CONFIG)
+        self.__dict__["config"] = fresh  # replaces the cached_property's value
+        return fresh
+
     def limits(self, overrides: dict | None = None) -> dict:
         limits = dict(DEFAULT_LIMITS)
         limits.update(check_limits(self.config.get("limits") or {}, CONFIG))

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -15,8 +17,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from openai_server import ScriptServer  # noqa: E402
 
+from primefs.daemon import lock_held  # noqa: E402
 from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
 from primefs.runner import Runner  # noqa: E402
+from primefs.session import list_sessions  # noqa: E402
 from primefs.workspace import Workspace, init_workspace  # noqa: E402
 
 
@@ -56,6 +60,39 @@ def use_server(ws: Workspace, srv: ScriptServer, *, tool_mode="native", stream=F
     return configure(ws, model="fake", models={"fake": alias}, limits=lim)
 
 
+PRIMEFS = [sys.executable, "-m", "primefs"]
+
+
+def cli(ws, *args, timeout=60):
+    """`primefs ARGS -w WS` as a user runs it (a process of its own, 200 columns)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("PRIMEFS_WORKSPACE", None)
+    return subprocess.run([*PRIMEFS, *args, "-w", str(ws.root)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def session_named(ws, name):
+    return next((s for s in list_sessions(ws.sessions) if s.meta.get("name") == name), None)
+
+
+@pytest.fixture
+def scripted(ws):
+    def setup(script: str):
+        (ws.root / "script.yaml").write_text(script)
+        return configure(ws, model="scripted/script.yaml")
+    return setup
+
+
+@pytest.fixture
+def daemon_cleanup(ws):
+    """Whatever happens in the test, no runner outlives it."""
+    yield
+    if lock_held(ws):
+        pid = int((ws.state / "runner.lock").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not lock_held(ws), 10, "runner killed")
+
+
 def run_once(ws: Workspace) -> list[str]:
     lines: list[str] = []
     Runner(ws, log=lines.append).run(once=True)
@@ -81,9 +118,6 @@ class BackgroundRunner:
 
 def sigkill_runner_when(ws: Workspace, pred, what: str = "condition") -> None:
     """Start `primefs run` as a process, wait until pred() (and half a second more), then SIGKILL it."""
-    import signal
-    import subprocess
-
     proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -12,49 +12,16 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 
-import pytest
-from conftest import configure, wait_for
+from conftest import PRIMEFS, cli, session_named, wait_for
 from rich.console import Console
 
 from primefs.daemon import alive, lock_held
 from primefs.live import HistoryReader, follow
-from primefs.session import list_sessions
 
-PRIMEFS = [sys.executable, "-m", "primefs"]
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
-
-
-def cli(ws, *args, timeout=60):
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("PRIMEFS_WORKSPACE", None)
-    return subprocess.run([*PRIMEFS, *args, "-w", str(ws.root)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def session_named(ws, name):
-    return next((s for s in list_sessions(ws.sessions) if s.meta.get("name") == name), None)
-
-
-@pytest.fixture
-def scripted(ws):
-    def setup(script: str):
-        (ws.root / "script.yaml").write_text(script)
-        return configure(ws, model="scripted/script.yaml")
-    return setup
-
-
-@pytest.fixture
-def daemon_cleanup(ws):
-    """Whatever happens in the test, no runner outlives it."""
-    yield
-    if lock_held(ws):
-        pid = int((ws.state / "runner.lock").read_text().split()[0])
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not lock_held(ws), 10, "runner killed")
 
 
 def test_up_runner_goal_tail_agents_down(ws, scripted, daemon_cleanup):
@@ -80,18 +47,20 @@ def test_up_runner_goal_tail_agents_down(ws, scripted, daemon_cleanup):
     # agents --once: one frame with the tree
     frame = cli(ws, "agents", "--once")
     assert frame.returncode == 0, frame.stderr
-    assert s.id in frame.stdout and "sums" in frame.stdout and "idle" in frame.stdout
-    assert f"runner: pid {pid}" in frame.stdout and "turn_end" in frame.stdout
+    assert "sums" in frame.stdout and "idle" in frame.stdout
+    assert f"runner pid {pid}" in frame.stdout and "turn_end" in frame.stdout
+    rows = json.loads(cli(ws, "agents", "--once", "--json").stdout)
+    assert any(r["id"] == s.id and r["name"] == "sums" and r["status"] == "idle" for r in rows)
     # tail: the existing events, then it keeps following until Ctrl-C (SIGINT)
     tail = subprocess.Popen([*PRIMEFS, "tail", "sums", "-w", str(ws.root)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
     out = b""
     deadline = time.monotonic() + 20
-    while b"turn end 1" not in out and time.monotonic() < deadline:
+    while b"turn 1 ended" not in out and time.monotonic() < deadline:
         ready, _, _ = select.select([tail.stdout], [], [], 0.5)
         if ready:
             out += os.read(tail.stdout.fileno(), 65536)
-    assert b"turn end 1" in out and b"print(6 * 7)" in out and b"42" in out
+    assert b"turn 1 ended" in out and b"print(6 * 7)" in out and b"42" in out
     assert tail.poll() is None  # still following
     tail.send_signal(signal.SIGINT)
     assert tail.wait(10) == 0 and b"Traceback" not in tail.stderr.read()
@@ -113,7 +82,7 @@ def test_down_and_runner_with_none_running(ws):
     assert r.returncode == 0 and r.stdout.strip() == "no runner is running"
     assert cli(ws, "runner").stdout.startswith("no runner is running")
     frame = cli(ws, "agents", "--once")
-    assert "runner: not running" in frame.stdout and "no sessions yet" in frame.stdout
+    assert "no runner" in frame.stdout and "no sessions yet" in frame.stdout
     bad = cli(ws, "tail", "nobody")
     assert bad.returncode == 1 and bad.stderr.startswith("error: no session")
 
@@ -227,7 +196,7 @@ def test_attach_through_a_terminal(ws, scripted, daemon_cleanup):
         assert [(m["from"], m["kind"], m["text"]) for m in msgs] == [("user", "user", "please continue")]
         assert os.listdir(s.mail / "new") == [] and len(os.listdir(s.mail / "cur")) == 1
         term.send(b"\x04")  # Ctrl-D on an empty line: end of input
-        term.expect("detached; the session keeps running", 10)
+        term.expect("detached; talk is idle; a message (primefs send) starts its next turn", 10)
         assert term.proc.wait(10) == 0
     finally:
         term.close()
@@ -250,7 +219,7 @@ def test_attach_without_runner_and_ctrl_c_and_live_agents(ws, scripted):
         term.send(b"kept for later\n")
         wait_for(lambda: os.listdir(s.mail / "new"), 10, "mail delivered")
         term.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        term.expect("detached; the session keeps running", 10)
+        term.expect("detached; quiet is pending; no runner is running (primefs up starts one)", 10)
         assert term.proc.wait(10) == 0
         assert "Traceback" not in term.drain()
     finally:

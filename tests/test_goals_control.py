@@ -41,7 +41,8 @@ def test_turns_budget_with_failing_condition_stops_without_success(ws, server):
         "autonomous": True, "budget": {"turns": 3}, "end_conditions": [{"file_exists": "nope.txt"}]})
     run_once(ws)
     s = only(ws, "never")
-    assert s.status == "stopped" and s.meta["stop_reason"] == "end_conditions_failed"
+    assert s.status == "stopped" and s.meta["stop_reason"] == "budget:turns"  # the budget says why
+    assert "end conditions still failing: file_exists" in s.meta["error"]
     assert len(s.events("turn_start")) == 3
 
 

@@ -225,7 +225,8 @@ def test_log_returns_fields(ws, h):
     assert entries[0] | {"date": None} == {
         "sha": b, "date": None, "subject": "harness(memory/m): update - two", "kind": "memory", "name": "m",
         "path": "harness/memory/m.md", "scope": "global", "session": None, "source": "refine",
-        "evidence": ["ev-1"], "intent": "better", "reverts": None, "outcome": None, "outcome_note": None}
+        "evidence": ["ev-1"], "intent": "better", "reverts": None, "outcome": None, "outcome_note": None,
+        "reverted_by": None}
     assert entries[1]["session"] == "s1" and entries[1]["source"] == "agent" and entries[0]["date"]
     assert len(harness.log(ws, limit=1)) == 1
 
@@ -319,3 +320,69 @@ def test_render_for_prompt_respects_memory_budget(ws, h):
     none = render_for_prompt(entries, memory_budget_chars=0)
     assert "5 more memories not shown" in none and "Fact number" not in none
     assert render_for_prompt([]) == ""
+
+
+def test_put_with_unchanged_content_writes_and_commits_nothing(ws, h):
+    sha = h.put("memory", "m", "The sky is blue.", description="Sky", mood="calm")
+    path = ws.harness / "memory" / "m.md"
+    text, last = path.read_text(), head(ws)
+    # same body, description and fields; another source and session: only provenance would differ
+    assert h.put("memory", "m", "The sky is blue.", description="Sky", mood="calm") is None
+    assert h.put("memory", "m", "The sky is blue.\n", source="user", session="s9") is None
+    assert h.put("memory", "m", None, description="Sky") is None  # body kept, nothing else given
+    assert path.read_text() == text and head(ws) == last == sha and clean(ws)
+    assert h.put("memory", "m", None, mood="grey") != last  # a real change still commits
+    # a skill: its modules count as content
+    h.put("skill", "tool", "Use it.", description="A tool", files={"tool.py": "x = 1\n"})
+    before = head(ws)
+    assert h.put("skill", "tool", "Use it.", files={"tool.py": "x = 1\n", "gone.py": None}) is None
+    assert head(ws) == before
+    assert h.put("skill", "tool", "Use it.", files={"tool.py": "x = 2\n"}) is not None
+    # a hand-written file without a primefs block: put of the same content leaves it alone
+    (ws.harness / "notes" / "hand.md").write_text("---\nname: hand\n---\nWritten by hand.\n")
+    harness.commit_user_edits(ws)
+    before = head(ws)
+    assert h.put("note", "hand", "Written by hand.") is None
+    assert head(ws) == before and "primefs" not in (ws.harness / "notes" / "hand.md").read_text()
+
+
+def test_plain_git_revert_is_seen_by_log_and_revert(ws, h):
+    h.put("note", "n", "one")
+    change = h.put("note", "n", "two")
+    git(ws, "revert", "--no-edit", change)  # what the design promises works, with git alone
+    plain = head(ws)
+    rows = {r["sha"]: r for r in harness.log(ws)}
+    assert rows[change]["reverted_by"] == plain
+    assert rows[plain] | {"date": None} == {
+        "sha": plain, "date": None, "subject": 'Revert "harness(note/n): update - two"', "kind": "note",
+        "name": "n", "path": "harness/notes/n.md", "scope": "global", "session": None, "source": None,
+        "evidence": [], "intent": None, "reverts": change, "outcome": None, "outcome_note": None,
+        "reverted_by": None}
+    with pytest.raises(PrimefsError, match=f"already reverted by {plain[:10]}"):
+        harness.revert(ws, change)
+    assert head(ws) == plain and clean(ws)
+    # reverting the plain revert redoes the change: then it is live again and may be reverted
+    again = harness.revert(ws, plain)
+    assert h.get("note", "n").body == "two\n" and trailers(ws, again)["Primefs-Reverts"] == plain
+    rows = {r["sha"]: r for r in harness.log(ws)}
+    assert rows[plain]["reverted_by"] == again and rows[change]["reverted_by"] is None
+    redo = harness.revert(ws, change)
+    assert h.get("note", "n").body == "one\n" and {r["sha"]: r for r in harness.log(ws)}[change]["reverted_by"] == redo
+    # `git revert --reference` names the commit by an abbreviated sha
+    other = h.put("memory", "k", "v")
+    git(ws, "revert", "--reference", "--no-edit", other)
+    assert {r["sha"]: r for r in harness.log(ws)}[other]["reverted_by"] == head(ws)
+    assert harness.log(ws, limit=1)[0]["reverts"] == other
+
+
+def test_revert_reports_a_git_failure_whole_and_leaves_the_tree(ws, h):
+    sha = h.put("note", "n", "hello")
+    git(ws, "config", "commit.gpgsign", "true")  # git revert fails writing its commit; primefs commits too
+    git(ws, "config", "gpg.program", "false")
+    with pytest.raises(PrimefsError) as err:
+        harness.revert(ws, sha)
+    msg = str(err.value)
+    assert msg.startswith(f"cannot revert {sha[:10]} (harness(note/n): add - hello): git revert failed: ")
+    assert "gpg failed to sign the data" in msg and "failed to write commit object" in msg  # not cut
+    assert "\n" not in msg and "hint:" not in msg
+    assert head(ws) == sha and clean(ws) and h.get("note", "n").body == "hello\n"

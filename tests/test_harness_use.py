@@ -38,14 +38,17 @@ def trailers(ws, sha):
 def test_agent_put_commit_prompt_revert(ws, server):
     server.set_script({"rules": [
         {"match": "^Learn", "replies": [
-            {"code": "print(harness.put('memory', 'sky-color', 'The sky here is green.', description='sky fact'))"},
+            {"code": "for _ in range(2):\n    print(harness.put('memory', 'sky-color', 'The sky here is green.', "
+                     "description='sky fact'))"},
             {"text": "learned"}]},
         {"match": "^Ask", "replies": [{"text": "asked"}]}]})
     ws = use_server(ws, server)
     write_goal(ws, "Learn a fact", name="learn")
     run_once(ws)
     learn = by_name(ws)["learn"]
-    sha = learn.events("cell")[0]["output"].strip()
+    sha, again = learn.events("cell")[0]["output"].split()
+    assert again == "None"  # the same content again: no commit (only the timestamp would change)
+    assert [e["commit"] for e in learn.events("harness")] == [sha, None]
     assert (ws.root / "harness/memory/sky-color.md").read_text().count("The sky here is green.") == 1
     t = trailers(ws, sha)
     assert t["Primefs-Session"] == learn.id and t["Primefs-Kind"] == "memory" and t["Primefs-Source"] == "agent"

@@ -200,3 +200,42 @@ def test_turn_boundaries_are_committed(ws, server):
     status = subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain", "sessions"],
                             capture_output=True, text=True).stdout
     assert status == ""
+    # the subject names the session (name, id's tail) and its goal; the body has a line per path
+    subject, _, body = subprocess.run(["git", "-C", str(ws.root), "log", "-1", "--format=%B"], capture_output=True,
+                                      text=True).stdout.partition("\n\n")
+    assert subject == f"turn 1 idle: c ({s.id.rsplit('-', 1)[-1]}), goal c"
+    assert body.split("\n")[:2] == [f"goals/c.md: session {s.id} (c): turn 1 idle",
+                                     f"sessions/{s.id}: session {s.id} (c): turn 1 idle"]
+
+
+def test_coalesced_turn_commits_name_their_sessions(ws):
+    import time
+
+    from primefs.gitops import Committer, Mark, commit_lock, subject_for
+
+    def subjects(n):
+        return subprocess.run(["git", "-C", str(ws.root), "log", f"-{n}", "--format=%s"], capture_output=True,
+                              text=True).stdout.splitlines()
+
+    names = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+    committer = Committer(ws.root)
+    with commit_lock(ws.root):  # the committer waits for it: what comes meanwhile is one commit
+        for i, name in enumerate(["first", *names]):
+            (ws.sessions / f"s-{i}").mkdir()
+            (ws.sessions / f"s-{i}" / "f.txt").write_text(name)
+            committer.request(f"sessions/s-{i}", f"session s-{i} ({name}): turn 1 idle",
+                              Mark(f"s-{i}", name, "turn 1 idle", f"goals/{name}.md"))
+            if i == 0:
+                while committer._pending:  # taken: "first" is committed alone, once the lock is free
+                    time.sleep(0.01)
+    committer.close()
+    many, one = subjects(2)
+    assert one == "turn 1 idle: first (0), goal first"
+    assert many.startswith("turn 1 idle: 10 sessions: alpha, beta, delta, ") and many.endswith(" more")
+    assert len(many) <= 72 and int(many.split("+")[1].split()[0]) == 10 - many.count(",") - 1
+    # different outcomes: "turn end"; a name too long for the subject is cut
+    assert subject_for([Mark("x-a", "a", "turn 1 idle"), Mark("x-b", "b", "turn 2 failed")], []) == \
+        "turn end: 2 sessions: a, b"
+    long = subject_for([Mark("x-abc", "n" * 64, "turn 12 interrupted", "goals/" + "g" * 64 + ".md")], [])
+    assert len(long) == 72 and long.startswith("turn 12 interrupted: nnn") and long.endswith("...")
+    assert subject_for([Mark("x-abc", "demo", "direct call")], []) == "direct call: demo (abc)"

@@ -188,7 +188,7 @@ rules:
 
 
 def test_goal_tools_option_and_bad_selections(tool_ws):
-    r = cli(tool_ws, "goal", "x", "-n", "g", "--tools", "word_count, calc_*")
+    r = cli(tool_ws, "goal", "x", "--name", "g", "--tools", "word_count, calc_*")
     assert r.returncode == 0, r.stderr
     assert "tools:\n- word_count\n- calc_*" in (tool_ws.goals / "g.md").read_text()
     (tool_ws.goals / "bad.md").write_text("---\ntools: 5\n---\nx\n")

@@ -28,9 +28,10 @@ def get_litellm():
 
 def _is_retryable(exc: Exception) -> bool:
     status = getattr(exc, "status_code", None)
-    # Errors the user must fix (bad key, unknown model, bad request) won't change on retry,
-    # but the issue contract retries every model error a bounded number of times; keep
-    # that, except for errors raised before any request was sent.
+    if status in (400, 401, 403, 404) or type(exc).__name__ in ("AuthenticationError", "PermissionDeniedError",
+                                                                  "NotFoundError", "BadRequestError"):
+        return False  # a wrong key, model or request: trying again cannot help
+    # errors raised before any request was sent (bad arguments) are not retried either
     return not isinstance(exc, (TypeError, ValueError)) or status is not None
 
 
@@ -78,7 +79,7 @@ class LiteLLMProvider:
             for chunk in stream:
                 chunks.append(chunk)
                 if progress:
-                    progress()
+                    progress(_text_of(chunk))
                 if cancel is not None and cancel.is_set():
                     raise ModelError("the model call was cancelled", retryable=False)
         finally:
@@ -89,6 +90,13 @@ class LiteLLMProvider:
                 except Exception:  # noqa: BLE001 - closing is best effort
                     pass
         return chunks
+
+
+def _text_of(chunk) -> str:
+    try:
+        return chunk.choices[0].delta.content or ""
+    except (AttributeError, IndexError, TypeError):
+        return ""
 
 
 def _to_reply(litellm, response, model: str) -> ModelReply:

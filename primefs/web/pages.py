@@ -108,7 +108,7 @@ def harness_page(state) -> dict:
     commits = h.log(limit=200)
     state.index.refresh(force=True)
     return {"entries": h.list(all_sessions=True), "commits": commits, "limited": len(commits) == 200,
-            "reverted": {c["reverts"] for c in commits if c.get("reverts")}, "names": state.index.names}
+            "reverted": {c["sha"] for c in commits if c.get("reverted_by")}, "names": state.index.names}
 
 
 def commit_page(state, sha: str) -> dict | None:

