@@ -87,6 +87,8 @@ class Alive:
             if row["status"] in ("pending", "running"):
                 self.wake(sid)
                 self.scheduler.add(sid)
+                if os.path.isdir(f"{self.ws.sessions}/{sid}/heartbeats"):  # due ones fire at start, bad ones said
+                    self.intake.watch_heartbeats(sid)
                 continue
             marks = self._marks(sid)
             if marks is not None and marks == row["marks"]:  # as when last seen settled: nothing came
