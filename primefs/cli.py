@@ -13,8 +13,6 @@ from rich.text import Text
 
 from . import __version__
 from .errors import PrimefsError
-from .goals import write_goal
-from .session import find_session
 from .cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option
 from .workspace import init_workspace
 
@@ -39,7 +37,33 @@ sys.unraisablehook = _quiet_loop_teardown
 WATCHERS = {"run", "log", "tail", "attach", "agents", "serve", "wait", "ask"}
 
 
+# Commands defined in other modules: imported only when run (a command pays for its own imports only,
+# which are most of the time of a `primefs status` or `primefs usage`).
+LAZY = {
+    "status": "cli_views:status", "log": "cli_views:log", "usage": "cli_views:usage",
+    "tools": "cli_tools:tools_cmd", "harness": "cli_harness:harness_group", "refine": "cli_harness:refine_cmd",
+    "eval": "cli_eval:eval_cmd", "heartbeat": "cli_heartbeat:heartbeat_group", "trace": "cli_trace:trace_cmd",
+    "serve": "cli_web:serve", "logs": "cli_logs:logs_cmd", "reindex": "cli_logs:reindex_cmd",
+    "archive": "cli_archive:archive_cmd", "models": "cli_info:models_cmd", "plugins": "cli_info:plugins_cmd",
+    "ask": "cli_session:ask", "wait": "cli_session:wait", "result": "cli_session:result",
+    "exec": "cli_session:exec_cmd", "kernel": "cli_session:kernel_cmd",
+    "up": "daemon:up", "down": "daemon:down", "runner": "daemon:runner_cmd",
+    "attach": "live:attach", "agents": "live:agents", "tail": "live:follow_log",
+}
+
+
 class Group(click.Group):
+    def list_commands(self, ctx):
+        return sorted(set(self.commands) | set(LAZY))
+
+    def get_command(self, ctx, cmd_name):
+        if cmd_name in LAZY and cmd_name not in self.commands:
+            import importlib
+
+            module, attr = LAZY[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(f"primefs.{module}"), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -140,6 +164,8 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
 
         selection = check_selection(tool_names, "--tools")
         extra["tools"] = "all" if selection is None else selection
+    from .goals import write_goal
+
     path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra or None)
     rel = path.relative_to(ws.root).as_posix()
     notes = goal_notes(ws, model)
@@ -247,6 +273,7 @@ def send(ctx, session, text, as_json):
     """
     from .daemon import lock_held
     from .mail import deliver
+    from .session import find_session
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
@@ -276,48 +303,13 @@ def send(ctx, session, text, as_json):
 def stop(ctx, session, tree, as_json):
     """Stop SESSION (id or name): its running cell is interrupted and it takes no more turns."""
     from .control import request_stop
+    from .session import find_session
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
     done = request_stop(ws, s.id, tree=tree)
     emit(as_json, [{"session": sid, "outcome": how} for sid, how in done],
          "\n".join(f"{sid}: {how}" for sid, how in done))
-
-
-from .cli_eval import eval_cmd  # noqa: E402
-from .cli_tools import tools_cmd  # noqa: E402
-from .cli_views import log, status, usage  # noqa: E402
-from .cli_harness import harness_group, refine_cmd  # noqa: E402
-from .cli_heartbeat import heartbeat_group  # noqa: E402
-from .cli_trace import trace_cmd  # noqa: E402
-from .cli_web import serve  # noqa: E402
-from .cli_logs import logs_cmd, reindex_cmd  # noqa: E402
-from .cli_archive import archive_cmd  # noqa: E402
-from .cli_info import models_cmd, plugins_cmd  # noqa: E402
-from .cli_session import ask, exec_cmd, kernel_cmd, result, wait  # noqa: E402
-
-main.add_command(status)
-main.add_command(log)
-main.add_command(usage)
-main.add_command(tools_cmd)
-main.add_command(harness_group)
-main.add_command(refine_cmd)
-main.add_command(eval_cmd)
-main.add_command(heartbeat_group)
-main.add_command(trace_cmd)
-main.add_command(serve)
-for command in (logs_cmd, reindex_cmd, archive_cmd, models_cmd, plugins_cmd, ask, wait, result, exec_cmd, kernel_cmd):
-    main.add_command(command)
-
-from .daemon import up, down, runner_cmd  # noqa: E402
-from .live import attach, agents, follow_log  # noqa: E402
-
-main.add_command(up)
-main.add_command(down)
-main.add_command(runner_cmd)
-main.add_command(attach)
-main.add_command(agents)
-main.add_command(follow_log)
 
 
 if __name__ == "__main__":
