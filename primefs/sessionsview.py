@@ -1,8 +1,10 @@
 """The session tree as a table that reads at 80 columns (`primefs status`, `primefs agents`).
 
 Trees with a session at work come first. Finished descendants are folded into one line with a count
-(a session that failed stays visible); numbers are never cut; names and the last column are shortened
-with an ellipsis; the id column appears when the terminal is wide enough for it.
+(a session that failed stays visible), and so are finished trees beyond the newest few (`status`:
+FINISHED_TREES; a workspace that grows for months keeps one line for all its old trees). Numbers
+are never cut; names and the last column are shortened with an ellipsis; the id column appears when
+the terminal is wide enough for it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ ACTIVE = ("running", "pending")
 COLORS = {"running": "green", "idle": "cyan", "done": "blue", "failed": "red", "stopped": "yellow",
           "pending": "magenta", "broken": "red"}
 ID_WIDTH = 20
+FINISHED_TREES = 20  # `status` without --all: the newest finished trees shown, older ones folded
 
 
 @dataclass
@@ -40,12 +43,13 @@ class Row:
 class Folded:
     depth: int
     counts: Counter
+    trees: int = 0  # > 0: that many whole trees (old finished ones), not children
 
 
-def arrange(rows: list[Row], fold: bool = True, root: str | None = None) -> list:
+def arrange(rows: list[Row], fold: bool = True, root: str | None = None, trees: int | None = None) -> list:
     """Rows (and Folded lines) in display order: trees with work first, then the others in creation
     order; each root followed by its descendants, depth first. `root`: that session's tree only,
-    unfolded."""
+    unfolded. `trees` (with `fold`): finished trees beyond the newest `trees` become one line."""
     by_id = {r.id: r for r in rows}
     for r in rows:
         r.children = []
@@ -76,8 +80,21 @@ def arrange(rows: list[Row], fold: bool = True, root: str | None = None) -> list
         if hidden:
             out.append(Folded(depth + 1, hidden))
 
-    for top in sorted(tops, key=lambda t: not busy(t)):  # stable: creation order within each group
-        walk(top, 0)
+    tops = sorted(tops, key=lambda t: not busy(t))  # stable: creation order within each group
+    old: list[Row] = []
+    if fold and trees is not None:
+        finished = [t for t in tops if not keep(t)]  # oldest first
+        old = finished[:max(0, len(finished) - trees)]
+    folded = {id(t) for t in old}
+    for top in tops:
+        if old and not busy(top):  # where the old trees were: first of those without work
+            counts = Counter()
+            for t in old:
+                counts.update(_statuses(t))
+            out.append(Folded(0, counts, trees=len(old)))
+            old = []
+        if id(top) not in folded:
+            walk(top, 0)
     return out
 
 
@@ -112,7 +129,8 @@ def table(items: list, width: int, last: str = "result", with_age: bool = False,
         indent = "  " * item.depth
         if isinstance(item, Folded):  # "+12 more" in the name column, what they are in the last one
             n = sum(item.counts.values())
-            cells = ([""] if show_id else []) + [Text(f"{indent}+{n} more", style="dim"), ""]
+            what = f"+{item.trees} older tree{'s' if item.trees > 1 else ''}" if item.trees else f"+{n} more"
+            cells = ([""] if show_id else []) + [Text(f"{indent}{what}", style="dim"), ""]
             cells += [""] * (show_node + len(numbers))
             cells.append(Text(", ".join(f"{c} {s}" for s, c in item.counts.most_common()), style="dim"))
             t.add_row(*cells)
