@@ -7,16 +7,31 @@ from datetime import datetime
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.text import Text
 
 from . import __version__
 from .errors import PrimefsError
 from .cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option
 from .workspace import init_workspace
 
-err = Console(stderr=True, highlight=False)
+
+
+def err():
+    """The stderr console, made on first use (rich is not imported by a command that prints none)."""
+    global _err
+    if _err is None:
+        from rich.console import Console
+
+        _err = Console(stderr=True, highlight=False)
+    return _err
+
+
+_err = None
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 TURN_LINE = re.compile(r"\S+ \(.*\): turn \d+ (started|resumed|ended)")
 RUN_PROBLEMS = 3  # `run --once`: a session failed or a goal file was rejected (docs/cli.md, exit codes)
 
@@ -68,7 +83,7 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except PrimefsError as exc:
-            err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
+            err().print(f"[red]error:[/red] {escape(str(exc))}", markup=True, soft_wrap=True)
             sys.exit(1)
         except KeyboardInterrupt:  # never click's "Aborted!": watchers end with 0, anything else with 130
             sys.exit(0 if ctx.invoked_subcommand in WATCHERS else 130)
@@ -170,7 +185,7 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
     rel = path.relative_to(ws.root).as_posix()
     notes = goal_notes(ws, model)
     for note in notes:
-        err.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, soft_wrap=True)
+        err().print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, soft_wrap=True)
     emit(as_json, {"goal": rel, "name": name or path.stem, "notes": notes}, rel)
 
 
@@ -195,13 +210,16 @@ def run(ctx, once, quiet, verbose, ray):
     ws = workspace(ctx)
     if quiet and verbose:
         raise click.UsageError("--quiet and --verbose exclude each other")
+    from rich.console import Console
+    from rich.text import Text
+
     narrator = Narrator(Console(highlight=False), ws.sessions) if verbose else None
 
     def log(msg: str) -> None:
         if quiet or (narrator and TURN_LINE.match(msg)):  # -v shows turns as events already
             return
         line = Text.assemble((f"{datetime.now():%H:%M:%S} ", "dim"), msg)
-        narrator.say(line) if narrator else err.print(line, soft_wrap=True)
+        narrator.say(line) if narrator else err().print(line, soft_wrap=True)
 
     runner = Runner(ws, log=log, ray=ray_address(ws, ray))
     if narrator:
@@ -216,7 +234,7 @@ def run(ctx, once, quiet, verbose, ray):
         said = [f"{len(outcome['failed'])} session(s) failed: {', '.join(outcome['failed'])}"] if outcome["failed"] else []
         said += [f"goal file rejected: {rel}" for rel in outcome["rejected"]]
         for line in said:
-            err.print(f"error: {line}", markup=False, soft_wrap=True)
+            err().print(f"error: {line}", markup=False, soft_wrap=True)
         if said:
             ctx.exit(RUN_PROBLEMS)
 
@@ -289,7 +307,7 @@ def send(ctx, session, text, as_json):
     elif not running:
         notes.append("no runner is running: the message waits until one starts (primefs up)")
     for note in notes:
-        err.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, soft_wrap=True)
+        err().print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, soft_wrap=True)
     emit(as_json, {"message": msg.id, "session": s.id, "name": s.name, "status": status, "runner": running,
                    "notes": notes}, f"delivered {msg.id} to {s.id} ({s.name})")
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from .accounting import UsageIndex, tree_order
 from .cliopts import workspace, ws_option
@@ -15,7 +13,13 @@ from .fsutil import read_json_dict
 from .session import find_session
 from .sessionsview import FINISHED_TREES, Row, arrange, table
 
-err = Console(stderr=True, highlight=False)
+
+
+def err():
+    """A console on stderr (rich is imported when something is printed with it, not for --json)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
 
 
 def session_record(index: UsageIndex, sid: str) -> dict:
@@ -120,8 +124,10 @@ def status(ctx, session, show_all, as_json):
         click.echo("[\n" + ",\n".join(json.dumps(r, default=str) for r in records) + "\n]" if records else "[]")
         for p in problems:
             if p.startswith("error:"):
-                err.print(p, markup=False, soft_wrap=True)
+                err().print(p, markup=False, soft_wrap=True)
         return
+    from rich.console import Console
+
     out = Console(highlight=False)
     if records:
         items = arrange([status_row(r) for r in records], fold=not show_all, root=root, trees=FINISHED_TREES)
@@ -132,7 +138,7 @@ def status(ctx, session, show_all, as_json):
     for line in notes(records):
         out.print(line, markup=False, soft_wrap=True)
     for p in problems:
-        (err if p.startswith("error:") else out).print(p, markup=False, soft_wrap=True)
+        (err() if p.startswith("error:") else out).print(p, markup=False, soft_wrap=True)
 
 
 MAX_ERRORS = 10
@@ -173,6 +179,8 @@ def log(ctx, session, last, follow_, only_new, as_json):
     Piped or redirected it is a faithful transcript (plain text as recorded, nothing wrapped); on a
     terminal it has colours, and prose is wrapped to the width (code and output never are).
     """
+    from rich.console import Console
+
     from .archived import find_readable
     from .live import follow_events
     from .session import session_names
@@ -217,6 +225,9 @@ def usage(ctx, session, as_json, as_tree):
     if as_tree:
         _usage_tree(index, s.id)
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(box=None, header_style="bold")
     table.add_column("")
     for f in ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s"):
@@ -233,11 +244,12 @@ def usage(ctx, session, as_json, as_tree):
         for name, t in sorted(tools.items()):
             out.print(f"  {name}: {t['calls']} call(s), {t['errors']} failed, {t['seconds']:.2f} s", highlight=False)
     if data["tree"]["cost_unknown_calls"]:
-        err.print(f"note: {data['tree']['cost_unknown_calls']} call(s) had no known price; counted as $0",
-                  highlight=False)
+        err().print(f"note: {data['tree']['cost_unknown_calls']} call(s) had no known price; counted as $0",
+                    highlight=False)
 
 
 def _usage_tree(index: UsageIndex, root: str) -> None:
+    from rich.console import Console
     from rich.tree import Tree
 
     def label(sid: str) -> str:

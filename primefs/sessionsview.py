@@ -11,9 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rich.table import Table
-from rich.text import Text
-
 ACTIVE = ("running", "pending")
 COLORS = {"running": "green", "idle": "cyan", "done": "blue", "failed": "red", "stopped": "yellow",
           "pending": "magenta", "broken": "red"}
@@ -105,8 +102,11 @@ def _statuses(r: Row) -> Counter:
     return c
 
 
-def table(items: list, width: int, last: str = "result", with_age: bool = False, tree_totals: bool = True) -> Table:
+def table(items: list, width: int, last: str = "result", with_age: bool = False, tree_totals: bool = True):
     """The rows as a rich Table fitted to `width` columns."""
+    from rich.table import Table
+    from rich.text import Text
+
     rows = [r for r in items if isinstance(r, Row)]
     show_node = any(r.node for r in rows)
     show_id = width >= 110
