@@ -81,8 +81,9 @@ def sync_events(index: Index, ids: list[str] | None = None) -> int:
     """Index the events appended to these sessions' histories (default: every session in sessions/)
     since they were last indexed. Rows are brought up to date first. Returns events added."""
     rows = index.sync(ids, light=True)
-    todo = index.run(lambda db: db.execute(
-        "SELECT key, id, model, indexed, indexed_check, keys FROM sessions WHERE place = ''" +
+    todo = index.run(lambda db: db.execute(  # those whose history's size (keys[0][2]) is not what was indexed
+        "SELECT key, id, model, indexed, indexed_check, keys FROM sessions WHERE place = '' "
+        "AND indexed IS NOT json_extract(keys, '$[0][2]')" +
         ("" if ids is None else " AND id IN (SELECT value FROM json_each(?))"),
         () if ids is None else (json.dumps(list(rows)),)).fetchall())
     indexer = EventIndexer(index)

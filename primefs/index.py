@@ -21,7 +21,7 @@ from pathlib import Path
 from . import summary as summaries
 from .summary import META, stat_key
 
-VERSION = 3  # PRAGMA user_version: another version is dropped and rebuilt
+VERSION = 4  # PRAGMA user_version: another version is dropped and rebuilt
 FILE = "index.sqlite"
 SCHEMA = """
 CREATE TABLE sessions (
@@ -44,6 +44,7 @@ CREATE TABLE events (
 );
 CREATE INDEX events_session ON events(session, pos);
 CREATE INDEX events_ts ON events(ts);
+CREATE INDEX events_type ON events(type, model, session);  -- covers -t/-m filters and --counts
 CREATE VIRTUAL TABLE events_text USING fts5(text, content='');
 """
 COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
