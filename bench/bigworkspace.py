@@ -125,6 +125,7 @@ class Copier:
 def build(n: int, dest: Path, big: int = 0, seed_root: Path | None = None, commit: bool = True) -> dict:
     """A workspace of n sessions at `dest`; `big` of them (if > 0) in one tree."""
     t = time.monotonic()
+    own_seed = seed_root is None
     seed_root = seed_root or seed()
     seeded = time.monotonic() - t
     ws = init_workspace(dest)
@@ -148,6 +149,8 @@ def build(n: int, dest: Path, big: int = 0, seed_root: Path | None = None, commi
         made += len(copier.copy(ws.sessions, start + tag * step, k, tag))
         tag += 1
     built = time.monotonic() - t - seeded
+    if own_seed:
+        shutil.rmtree(seed_root.parent, ignore_errors=True)
     info = {"sessions": made, "seed_s": round(seeded, 1), "copy_s": round(built, 1), "big_root": big_root,
             "history_mb": round(sum(p.stat().st_size for p in ws.sessions.glob("*/history.jsonl")) / 1e6),
             "events": sum(sum(1 for _ in open(p, "rb")) for p in ws.sessions.glob("*/history.jsonl"))}

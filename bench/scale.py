@@ -6,6 +6,8 @@ cache, median of REPEAT runs after one that may bring summaries and the index up
     python bench/scale.py 10000 --keep    # keep the workspace (printed) instead of deleting it
     python bench/scale.py 10000 --before /tmp/primefs-main   # also the same commands with another
                                           # source tree on PYTHONPATH (e.g. `git archive main`), for "before"
+    python bench/scale.py 10000 --lock /tmp/bench.lock    # measure holding flock(LOCK) (building does not):
+                                          # other benchmarks that take the same lock do not disturb the timings
 
 Measured per N: the first `status --json` on histories without summaries or index (what the first
 command after an upgrade pays), `reindex`, `status --json`, `status`, `usage` of the 1,000-session
@@ -14,6 +16,7 @@ and a runner's start to the first turn of a new goal (`run --once`, from process
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -30,6 +33,9 @@ from primefs.gitops import commit_paths
 from primefs.summary import FILE as SUMMARY
 
 REPEAT = 3
+# Commands run as installed: their bytecode cached (__pycache__), even where PYTHONDONTWRITEBYTECODE is set
+# (compiling primefs's modules from source costs 0.1 s or more of every command).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 PROBE = '  - match: "^Scale probe"\n    replies:\n      - text: "probed"\n'
 
 
@@ -38,6 +44,7 @@ def folders(ws: Path) -> list[Path]:
 
 
 def timed(ws: Path, *args: str, env: dict | None = None, timeout: float = 1800) -> float:
+    env = env or ENV
     started = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws), *args], capture_output=True, text=True,
                        env=env, timeout=timeout)
@@ -57,8 +64,8 @@ def first_turn(ws: Path, env: dict | None = None) -> float:
     name = f"probe{time.time_ns()}"
     (ws / "goals" / f"{name}.md").write_text(f"---\nname: {name}\n---\nScale probe\n")
     started = time.time()
-    subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws), "run", "--once", "-q"], check=True, env=env,
-                   timeout=600)
+    subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws), "run", "--once", "-q"], check=True,
+                   env=env or ENV, timeout=600)
     for folder in reversed(folders(ws)):
         if f"name: {name}\n" in (folder / "session.yaml").read_text():
             for line in open(folder / "history.jsonl"):
@@ -108,7 +115,26 @@ def measure(ws: Path, big_root: str, env: dict | None = None, first: bool = True
     return out
 
 
-def main(sizes: list[int], keep: bool, before: str | None) -> None:
+class Locked:
+    """flock(path) held while measuring (nothing when path is None); the load averages at both ends."""
+
+    def __init__(self, path: str | None, out: dict):
+        self.path, self.out, self.f = path, out, None
+
+    def __enter__(self):
+        if self.path:
+            self.f = open(self.path, "a")
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+        self.out["load at start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        return self
+
+    def __exit__(self, *exc):
+        self.out["load at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        if self.f is not None:
+            self.f.close()
+
+
+def main(sizes: list[int], keep: bool, before: str | None, lock: str | None) -> None:
     seeded = seed()
     with open(seeded / "script.yaml", "a") as f:
         f.write(PROBE)  # (rules are tried in order: the probe's own rule, added last, matches only it)
@@ -117,16 +143,22 @@ def main(sizes: list[int], keep: bool, before: str | None) -> None:
         root = Path(tempfile.mkdtemp(prefix=f"primefs-scale-{n}-")) / "ws"
         info = build(n, root, big=1000, seed_root=seeded)
         print(json.dumps({"n": n, **info}), flush=True)
-        results[n] = {"after": measure(root, info["big_root"])}
+        load: dict = {}
+        with Locked(lock, load):
+            results[n] = {"after": measure(root, info["big_root"])}
+        results[n]["load"] = load
+        print(json.dumps({"n": n, "load": load}), flush=True)
         print(json.dumps({"n": n, "after": results[n]["after"]}), flush=True)
         if before:
-            env = {**os.environ, "PYTHONPATH": before}
-            results[n]["before"] = measure(root, info["big_root"], env=env, first=False)
+            env = {**ENV, "PYTHONPATH": before}
+            with Locked(lock, {}):
+                results[n]["before"] = measure(root, info["big_root"], env=env, first=False)
             print(json.dumps({"n": n, "before": results[n]["before"]}), flush=True)
         if keep:
             print(f"kept: {root}", flush=True)
         else:
             shutil.rmtree(root.parent)
+    shutil.rmtree(seeded.parent, ignore_errors=True)
     rows = list(next(iter(results.values()))["after"])
     print("\n| measure | " + " | ".join(f"{n:,} sessions" for n in sizes) + " |")
     print("|---|" + "---:|" * len(sizes))
@@ -136,10 +168,13 @@ def main(sizes: list[int], keep: bool, before: str | None) -> None:
             after, was = results[n]["after"].get(row), results[n].get("before", {}).get(row)
             cells.append(f"{after} s" + (f" (before: {was} s)" if was is not None else ""))
         print(f"| {row} | " + " | ".join(cells) + " |")
+    print("| load (1, 5, 15 min) while measuring | " + " | ".join(
+        f"{results[n]['load']['load at start']} .. {results[n]['load']['load at end']}" for n in sizes) + " |")
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     before = args[args.index("--before") + 1] if "--before" in args else None
+    lock = args[args.index("--lock") + 1] if "--lock" in args else None
     sizes = [int(a) for a in args if a.isdigit()] or [1000, 10000, 50000]
-    main(sizes, "--keep" in args, before)
+    main(sizes, "--keep" in args, before, lock)
