@@ -63,7 +63,7 @@ LAZY = {
     "ask": "cli_session:ask", "wait": "cli_session:wait", "result": "cli_session:result",
     "exec": "cli_session:exec_cmd", "kernel": "cli_session:kernel_cmd",
     "up": "daemon:up", "down": "daemon:down", "runner": "daemon:runner_cmd",
-    "attach": "live:attach", "agents": "live:agents", "tail": "live:follow_log",
+    "attach": "live:attach", "agents": "agents:agents", "tail": "live:follow_log",
 }
 
 
