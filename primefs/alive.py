@@ -187,11 +187,15 @@ class Alive:
         if news or self.scheduler.busy(sid):
             self.wake(sid)
 
-    def _stopped(self, sid: str) -> bool:
+    def _status_in(self, sid: str, statuses: tuple) -> bool:
+        """Whether its session.yaml says one of these statuses (unreadable: as if it did)."""
         try:
-            return self.tree.session(sid).reload().get("status") == "stopped"
+            return self.tree.session(sid).reload().get("status") in statuses
         except (PrimefsError, OSError):
             return True
+
+    def _stopped(self, sid: str) -> bool:
+        return self._status_in(sid, ("stopped",))
 
     def _adopt_foreign(self, sid: str) -> None:
         s = self.tree.session(sid)
@@ -216,7 +220,7 @@ class Alive:
         for sid in sorted(set(awake) | set(self.scheduler.snapshot()["queued_sessions"])):
             try:
                 self.look(sid)
-                if self.scheduler.busy(sid) or not self._finished(sid):
+                if self.scheduler.busy(sid) or not self._status_in(sid, FINISHED):
                     with self.lock:
                         self.awake[sid] = now
                 elif now - self.awake.get(sid, now) > SETTLE_S and sid not in self.intake.heartbeat_sessions:
@@ -228,12 +232,6 @@ class Alive:
             self.look_dormant()
             took = time.monotonic() - started
             self._next_look = time.monotonic() + max(LOOK_S, took / LOOK_SHARE)
-
-    def _finished(self, sid: str) -> bool:
-        try:
-            return self.tree.session(sid).reload().get("status") in FINISHED
-        except (PrimefsError, OSError):
-            return True
 
     def look_dormant(self) -> None:
         """One or two stats per dormant session; a listing of sessions/ only when it changed."""

@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import threading
 import time
 import zipfile
 from collections import Counter, defaultdict
@@ -307,3 +308,24 @@ def serve(ws, *, busy, freeze, done) -> None:
         done([sid for t in archived for sid in t["sessions"] if not (ws.sessions / sid).exists()],
              [sid for t in archived for sid in t["sessions"] if (ws.sessions / sid).exists()])
     write_atomic(ws.state / f"archive-{request.get('id')}.json", json.dumps(result))
+
+
+class OnRequest:
+    """The runner's archiver: a waiting request served in a thread (`before()` first: turn commits of a
+    tree land before it leaves), one at a time; `alive` (alive.py) freezes and forgets what moves."""
+
+    def __init__(self, ws, *, busy, alive, before, guarded):
+        self.ws, self.busy, self.alive, self.before, self.guarded = ws, busy, alive, before, guarded
+        self.thread: threading.Thread | None = None
+
+    def check(self) -> None:
+        if (self.thread is not None and self.thread.is_alive()) or not (self.ws.state / REQUEST).exists():
+            return
+
+        def work():
+            self.before()
+            serve(self.ws, busy=self.busy, freeze=self.alive.freeze, done=self.alive.archived)
+
+        self.thread = threading.Thread(target=self.guarded, args=("archive", work), name="primefs-archive",
+                                       daemon=True)
+        self.thread.start()

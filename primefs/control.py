@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 from contextlib import contextmanager
 
 from .fsutil import ring, write_atomic
@@ -71,3 +72,17 @@ def request_stop(ws: Workspace, sid: str, tree: bool = False) -> list[tuple[str,
         if not runner_running:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return out
+
+
+def take_refine_request(folder) -> dict | None:
+    """The request `primefs refine` left for the running runner (instructions, scope, model), removed
+    as it is taken; None if there is none or it cannot be read."""
+    path = folder / REFINE_FILE
+    try:
+        request = json.loads(path.read_text())
+        path.unlink()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(request, dict):
+        return None
+    return {k: request.get(k) for k in ("instructions", "scope", "model") if request.get(k) is not None}

@@ -23,7 +23,7 @@ from . import archive, redact, warmup
 from .agent import Agent
 from .alive import Alive
 from .bell import Bell
-from .control import REFINE_FILE, STOP_FILE
+from .control import STOP_FILE, take_refine_request
 from .errors import PrimefsError
 from .forkserver import hide_from_same_user
 from .fsutil import NAME_RE, write_atomic
@@ -128,7 +128,8 @@ class Runner:
         self.alive = Alive(ws, self.tree, self.intake, self.turns, self.scheduler, self.log,
                            apply_stop=self.apply_stop, apply_refine=self.apply_refine_request)
         self.intake.on_adopt = self.alive.wake
-        self._archiving: threading.Thread | None = None  # `primefs archive` done by this runner
+        self.archiver = archive.OnRequest(ws, busy=lambda sid: self.scheduler.busy(sid) or sid in self.alive.awake,
+                                          alive=self.alive, before=self._flush_commits, guarded=self.guarded)
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
@@ -236,7 +237,7 @@ class Runner:
             if not once and now - last_tick >= 0.25:  # the loop wakes often: rate-limit
                 self.guarded("heartbeats", self.intake.tick_heartbeats)
                 last_tick = now
-                self._archive_requested()
+                self.archiver.check()  # `primefs archive` while this runner runs: done here, in a thread
             look = self.intake.next_look  # a goal file being written: read it once it settles
             if look is not None and now >= look:
                 self.guarded("goals", self.intake.scan_goals)
@@ -321,22 +322,9 @@ class Runner:
             self.log(f"archive of {root}: finished or undone after a crash")
         self.alive.start()
 
-    def _archive_requested(self) -> None:
-        """`primefs archive` while this runner runs: it does the work, in a thread, knowing what is in use."""
-        if (self._archiving is not None and self._archiving.is_alive()) or not (self.ws.state / archive.REQUEST).exists():
-            return
-
-        def busy(sid: str) -> bool:
-            return self.scheduler.busy(sid) or sid in self.alive.awake
-
-        def work():
-            if self.turns.committer is not None:
-                self.turns.committer.flush()  # turn commits of a tree land before it leaves
-            archive.serve(self.ws, busy=busy, freeze=self.alive.freeze, done=self.alive.archived)
-
-        self._archiving = threading.Thread(target=self.guarded, args=("archive", work), name="primefs-archive",
-                                           daemon=True)
-        self._archiving.start()
+    def _flush_commits(self) -> None:
+        if self.turns.committer is not None:
+            self.turns.committer.flush()
 
     def scan(self) -> None:
         if self.intake.check_config():
@@ -357,17 +345,10 @@ class Runner:
 
     def apply_refine_request(self, sid: str) -> None:
         """`primefs refine` while this runner runs: it leaves a request file; the runner does the work."""
-        path = self.ws.sessions / sid / REFINE_FILE
-        if not NAME_RE.fullmatch(sid) or not self.tree.knows(sid):
-            return
-        try:
-            request = json.loads(path.read_text())
-            path.unlink()
-        except (OSError, ValueError):
-            return
-        if isinstance(request, dict):
-            self.turns.refine_request(sid, {k: request.get(k) for k in ("instructions", "scope", "model")
-                                            if request.get(k) is not None})
+        if NAME_RE.fullmatch(sid) and self.tree.knows(sid):
+            request = take_refine_request(self.ws.sessions / sid)
+            if request is not None:
+                self.turns.refine_request(sid, request)
 
 
 def refine_offline(ws: Workspace, sid: str, request: dict, log) -> dict:
