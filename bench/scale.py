@@ -1,8 +1,11 @@
 """A workspace that grows for months: N sessions copied from a real run (bigworkspace.py), ~100 events
-each, one tree of 1,000 sessions; every command timed as a user runs it (a fresh process, warm page
-cache, median of REPEAT runs after one that may bring summaries and the index up to date).
+each, one tree of 1,000 sessions (of all N if N is smaller); every command timed as a user runs it (a
+fresh process, warm page cache, median of REPEAT runs after one that may bring summaries and the
+index up to date). Needs primefs importable (`pip install -e .`, or PYTHONPATH=. from a clone); a
+scripted model, no network. Disk: ~80 MB of workspace per 1,000 sessions, removed after each N.
 
     python bench/scale.py                 # N = 1000 10000 50000, then the table
+    python bench/scale.py 200             # a quick look
     python bench/scale.py 10000 --keep    # keep the workspace (printed) instead of deleting it
     python bench/scale.py 10000 --before /tmp/primefs-main   # also the same commands with another
                                           # source tree on PYTHONPATH (e.g. `git archive main`), for "before"
@@ -141,7 +144,7 @@ def main(sizes: list[int], keep: bool, before: str | None, lock: str | None) -> 
     results = {}
     for n in sizes:
         root = Path(tempfile.mkdtemp(prefix=f"primefs-scale-{n}-")) / "ws"
-        info = build(n, root, big=1000, seed_root=seeded)
+        info = build(n, root, big=min(1000, n), seed_root=seeded)  # (a smaller N: a tree of all N)
         print(json.dumps({"n": n, **info}), flush=True)
         load: dict = {}
         with Locked(lock, load):
