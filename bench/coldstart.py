@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,7 @@ def once(pythonpath: str) -> tuple[float, float, float]:
             raise SystemExit(f"run --once failed: {r.stderr[-2000:]}")
         folder = next(p for p in ws.sessions.iterdir() if p.is_dir())
         events = [json.loads(line) for line in open(folder / "history.jsonl")]
+        shutil.rmtree(ws.root.parent, ignore_errors=True)
         turn = next(e["ts"] for e in events if e["type"] == "turn_start")
         call = next(e["ts"] for e in events if e["type"] == "model_call")
         return round(turn - started, 2), round(call - started, 2), round(ended - started, 2)
