@@ -5,12 +5,11 @@ import json
 import sys
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from .errors import PrimefsError
-from .cliopts import emit, json_option, workspace, ws_option
+from .cliopts import emit, json_option, print_table, workspace, ws_option
 from .harness import KINDS, Harness, session_chain
 from .harnessgit import summary
 
@@ -43,7 +42,7 @@ def list_cmd(ctx, kind, as_json):
     for r in rows:
         scope = r["scope"] + (f" {r['session']}" if r["session"] else "")
         table.add_row(r["kind"], r["name"], scope, f"[red]{r['problem']}[/red]" if r["problem"] else r["description"])
-    Console(highlight=False).print(table if rows else "the harness is empty")
+    print_table(table if rows else "the harness is empty")
 
 
 @harness_group.command("show")
@@ -127,7 +126,7 @@ def log(ctx, as_json, limit):
     for r in shown:
         table.add_row(r["sha"][:10], r["date"][:19], escape(f"{r['kind']}/{r['name']}"),
                       escape(r["source"] or ("git" if r["reverts"] else "")), r["session"] or "", _change(r, by_sha))
-    Console(highlight=False).print(table if shown else "no harness commits yet")
+    print_table(table if shown else "no harness commits yet")
 
 
 def _change(r: dict, by_sha: dict) -> str:

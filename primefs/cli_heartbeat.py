@@ -5,11 +5,10 @@ import json
 from datetime import datetime
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from . import heartbeat as hbmod
-from .cliopts import workspace, ws_option
+from .cliopts import print_table, workspace, ws_option
 from .session import find_session, list_sessions
 
 
@@ -69,7 +68,7 @@ def list_cmd(ctx, session, as_json):
     for r in rows:
         table.add_row(r["session"], r["id"], r["schedule"], f"{datetime.fromtimestamp(r['next_due']):%m-%d %H:%M:%S}",
                       "paused" if r.get("paused") else "active", r["prompt"])
-    Console(highlight=False).print(table if rows else "no heartbeats")
+    print_table(table if rows else "no heartbeats")
 
 
 def _set(ctx, session, hb_id, **changes):
