@@ -93,6 +93,11 @@ def test_exec_and_kernel_reach_the_live_kernel(ws, scripted, daemon_cleanup):
     assert first["by"] == "user" and first["code"].startswith("secret += 1") and first["output"] == "42\n"
     assert "ZeroDivisionError" in second["error"]
     assert "exec by user" in cli(ws, "log", "box").stdout
+    # a session whose first turn is just starting its kernel: exec waits for it, never "try again"
+    (ws.goals / "fresh.md").write_text("keep a variable\n")
+    wait_for(lambda: session_named(ws, "fresh"), what="session")
+    r = cli(ws, "exec", "fresh", "print('in')")
+    assert r.returncode == 0 and r.stdout == "in\n", r.stderr
     # the connection file is opt-in
     off = cli(ws, "kernel", "box")
     assert off.returncode == 1 and "kernel_connect: true" in off.stderr
