@@ -100,11 +100,14 @@ def put(ctx, kind, name, body_file, description, scope, session, as_json):
 @click.argument("name")
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True)
 @click.option("--session", help="The session (for --scope session).")
+@json_option
 @ws_option
 @click.pass_context
-def rm(ctx, kind, name, scope, session):
+def rm(ctx, kind, name, scope, session, as_json):
     """Delete an entry (committed with Primefs-Source: user)."""
-    click.echo(Harness(_ws(ctx)).delete(kind, name, scope=scope, session=session, source="user") or "no change")
+    sha = Harness(_ws(ctx)).delete(kind, name, scope=scope, session=session, source="user")
+    emit(as_json, {"commit": sha, "changed": bool(sha), "kind": kind, "name": name, "scope": scope,
+                   "session": session}, sha or "no change")
 
 
 @harness_group.command("log")
@@ -164,12 +167,13 @@ def revert(ctx, commit, as_json):
 @click.argument("commit")
 @click.argument("verdict", type=click.Choice(["good", "bad"]))
 @click.option("--note", help="What happened.")
+@json_option
 @ws_option
 @click.pass_context
-def outcome(ctx, commit, verdict, note):
+def outcome(ctx, commit, verdict, note, as_json):
     """Record whether a change had its intended effect (a git note; shown by `harness log`)."""
     Harness(_ws(ctx)).record_outcome(commit, verdict, note)
-    click.echo(f"{commit}: {verdict}")
+    emit(as_json, {"commit": commit, "outcome": verdict, "note": note}, f"{commit}: {verdict}")
 
 
 @click.command("refine")
