@@ -1,4 +1,4 @@
-"""Watching sessions as they run: `primefs tail`, `primefs attach`, `primefs agents`.
+"""Watching sessions as they run: `primefs log -f` (and hidden `tail`), `primefs attach`, `primefs agents`.
 
 Everything here reads the files the runner writes; nothing talks to the runner. history.jsonl is
 append-only with one write per event, so a reader keeps a byte offset just past the last complete
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from .cliopts import workspace, ws_option
+from .cliopts import print_table, workspace, ws_option
 from .daemon import human_age, runner_state
 from .errors import PrimefsError
 from .livefeed import StreamTail, stream_path
@@ -232,10 +232,10 @@ def attach(ctx, session, last):
             stop.set()
 
     console.print(f"[dim]attached to {s.id} ({escape(s.name)}): type a message and press Enter; "
-                  "Ctrl-D or Ctrl-C detaches[/dim]")
+                  "Ctrl-D or Ctrl-C detaches[/dim]", soft_wrap=True)
     if not runner_state(ws)["running"]:
         console.print("[yellow]note:[/yellow] no runner is running: messages wait in the mailbox until "
-                      "one starts (`primefs up`)")
+                      "one starts (`primefs up`)", soft_wrap=True)
     if s.status == "stopped":
         console.print("[yellow]note:[/yellow] this session is stopped: it takes no more turns")
     reader = threading.Thread(target=read_input, name="primefs-attach-input", daemon=True)
@@ -246,7 +246,7 @@ def attach(ctx, session, last):
         stop.set()
     for p in problems:
         err.print(f"[red]error:[/red] reading input: {escape(p)}")
-    console.print(f"detached; {_where_it_stands(ws, s)}", markup=False)
+    console.print(f"detached; {_where_it_stands(ws, s)}", markup=False, soft_wrap=True)
 
 
 def _where_it_stands(ws, s: Session) -> str:
@@ -285,7 +285,7 @@ class _Track:
                 self.calls += 1
                 self.tokens += int(e.get("input_tokens") or 0) + int(e.get("output_tokens") or 0)
                 self.cost += float(e.get("cost_usd") or 0.0)
-            elif t == "turn_start":
+            elif t == "turn_start" and not e.get("resumed"):  # a resumed turn is the same turn
                 self.turns += 1
             self.last = e
 
@@ -336,8 +336,10 @@ class AgentsView:
             m = s.meta
             status = m.get("status") or "pending"
             label = status + (" (wait)" if sid in waiting else " (queued)" if sid in queued else "")
-            if m.get("stop_reason") and status not in ("done", "running"):
+            if m.get("stop_reason") not in (None, "", status) and status not in ("done", "running"):
                 label += f" ({m['stop_reason']})"
+            if status == "running" and not info["running"]:  # cut off by a runner that stopped
+                label = "interrupted"
             last = tr.last or {}
             kind = str(last.get("type") or "")
             if kind == "turn_end" and last.get("outcome"):
@@ -436,7 +438,7 @@ def agents(ctx, once, as_json, interval):
         return
     if once:
         width = console.width if console.is_terminal else max(console.width, 160)  # piped: ids and whole names
-        console.print(view.render(width), soft_wrap=not console.is_terminal)
+        print_table(view.render(width), width)
         return
     try:
         with Keys() as keys, Live(view.render(console.width, console.height), console=console, auto_refresh=False,
