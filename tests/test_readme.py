@@ -63,7 +63,7 @@ def test_the_use_section_runs_as_written(tmp_path):
 
 def test_every_command_of_the_second_block_exists():
     commands = set(re.findall(r"\bprimefs ([a-z][a-z-]*)", use_blocks()[1]))
-    assert {"run", "send", "stop", "up", "eval", "serve", "trace"} <= commands
+    assert {"run", "ask", "send", "wait", "exec", "models", "stop", "up", "eval", "serve", "trace"} <= commands
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for command in sorted(commands):
         proc = subprocess.run([sys.executable, "-m", "primefs", command, "--help"], capture_output=True, text=True,
