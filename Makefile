@@ -25,11 +25,11 @@ PF := $(CURDIR)/$(BIN)/primefs
 
 demo: install
 	$(PF) init --from example_workspace $(DEMO)
-	$(PF) -w $(DEMO) run --once
+	$(PF) -w $(DEMO) run --once -v
 	$(PF) -w $(DEMO) status
 	$(PF) -w $(DEMO) usage demo
 	@echo
-	@echo "Result (the tiny local model is often wrong; it shows the loop, not good answers):"
+	@echo "Result (the tiny local model shows the loop, not good answers; docs/performance.md):"
 	@cat $(DEMO)/sessions/*/result.md 2>/dev/null || echo "(no result within the step limit: the log shows each step)"; echo
 	@echo "Files: $(CURDIR)/$(DEMO)   History: $(PF) -w $(DEMO) log demo"
 

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from .cliopts import workspace, ws_option
+from .cliopts import print_table, workspace, ws_option
 from .daemon import human_age, runner_state
 from .index import Entry, Index
 from .sessionsview import Row, arrange, table, window
@@ -72,8 +72,10 @@ class AgentsView:
             m = s.meta
             status = m.get("status") or "pending"
             label = status + (" (wait)" if sid in waiting else " (queued)" if sid in queued else "")
-            if m.get("stop_reason") and status not in ("done", "running"):
+            if m.get("stop_reason") not in (None, "", status) and status not in ("done", "running"):
                 label += f" ({m['stop_reason']})"
+            if status == "running" and not info["running"]:  # cut off by a runner that stopped
+                label = "interrupted"
             last = tr.last or {}
             kind = str(last.get("type") or "")
             if kind == "turn_end" and last.get("outcome"):
@@ -172,7 +174,7 @@ def agents(ctx, once, as_json, interval):
         return
     if once:
         width = console.width if console.is_terminal else max(console.width, 160)  # piped: ids and whole names
-        console.print(view.render(width), soft_wrap=not console.is_terminal)
+        print_table(view.render(width), width)
         return
     try:
         with Keys() as keys, Live(view.render(console.width, console.height), console=console, auto_refresh=False,

@@ -48,8 +48,9 @@ def _quiet_loop_teardown(unraisable, _default=sys.unraisablehook):
 sys.unraisablehook = _quiet_loop_teardown
 
 
-# Commands that watch until Ctrl-C: for them Ctrl-C is the normal end (exit 0).
-WATCHERS = {"run", "log", "tail", "attach", "agents", "serve", "wait", "ask"}
+# Commands that watch until Ctrl-C: for them Ctrl-C is the normal end (exit 0). Not `wait` and `ask`:
+# cut short, they have no answer, and `primefs wait X && next` must not go on.
+WATCHERS = {"run", "log", "tail", "attach", "agents", "serve"}
 
 
 # Commands defined in other modules: imported only when run (a command pays for its own imports only,

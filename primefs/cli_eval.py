@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .cliopts import ws_option
+from .cliopts import print_table, ws_option
 from .errors import PrimefsError
 
 
@@ -169,7 +169,7 @@ def _show(summary: dict, out_dir: Path, as_json: bool, extra: dict | None = None
             table.add_row(f"{mode} {label}", f"{agg['mean_score']:.3f}" if label == "total" else "",
                           f"{u['calls']:g}", f"{u['input_tokens']:,.0f}", f"{u['output_tokens']:,.0f}",
                           f"{u['cost_usd']:.4f}", f"{u['wall_s']:.2f}")
-    Console(highlight=False).print(table)
+    print_table(table)
     for mode, agg in modes.items():
         click.echo(f"stop reasons ({mode}): {agg['stop_reasons']}")
     click.echo(f"results: {out_dir / 'results.jsonl'}  summary: {out_dir / 'summary.json'}")

@@ -5,12 +5,11 @@ import json
 import sys
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from .errors import PrimefsError
-from .cliopts import emit, json_option, workspace, ws_option
+from .cliopts import emit, json_option, print_table, workspace, ws_option
 from .harness import KINDS, Harness, session_chain
 from .harnessgit import summary
 
@@ -43,7 +42,7 @@ def list_cmd(ctx, kind, as_json):
     for r in rows:
         scope = r["scope"] + (f" {r['session']}" if r["session"] else "")
         table.add_row(r["kind"], r["name"], scope, f"[red]{r['problem']}[/red]" if r["problem"] else r["description"])
-    Console(highlight=False).print(table if rows else "the harness is empty")
+    print_table(table if rows else "the harness is empty")
 
 
 @harness_group.command("show")
@@ -101,11 +100,14 @@ def put(ctx, kind, name, body_file, description, scope, session, as_json):
 @click.argument("name")
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True)
 @click.option("--session", help="The session (for --scope session).")
+@json_option
 @ws_option
 @click.pass_context
-def rm(ctx, kind, name, scope, session):
+def rm(ctx, kind, name, scope, session, as_json):
     """Delete an entry (committed with Primefs-Source: user)."""
-    click.echo(Harness(_ws(ctx)).delete(kind, name, scope=scope, session=session, source="user") or "no change")
+    sha = Harness(_ws(ctx)).delete(kind, name, scope=scope, session=session, source="user")
+    emit(as_json, {"commit": sha, "changed": bool(sha), "kind": kind, "name": name, "scope": scope,
+                   "session": session}, sha or "no change")
 
 
 @harness_group.command("log")
@@ -127,7 +129,7 @@ def log(ctx, as_json, limit):
     for r in shown:
         table.add_row(r["sha"][:10], r["date"][:19], escape(f"{r['kind']}/{r['name']}"),
                       escape(r["source"] or ("git" if r["reverts"] else "")), r["session"] or "", _change(r, by_sha))
-    Console(highlight=False).print(table if shown else "no harness commits yet")
+    print_table(table if shown else "no harness commits yet")
 
 
 def _change(r: dict, by_sha: dict) -> str:
@@ -165,12 +167,13 @@ def revert(ctx, commit, as_json):
 @click.argument("commit")
 @click.argument("verdict", type=click.Choice(["good", "bad"]))
 @click.option("--note", help="What happened.")
+@json_option
 @ws_option
 @click.pass_context
-def outcome(ctx, commit, verdict, note):
+def outcome(ctx, commit, verdict, note, as_json):
     """Record whether a change had its intended effect (a git note; shown by `harness log`)."""
     Harness(_ws(ctx)).record_outcome(commit, verdict, note)
-    click.echo(f"{commit}: {verdict}")
+    emit(as_json, {"commit": commit, "outcome": verdict, "note": note}, f"{commit}: {verdict}")
 
 
 @click.command("refine")

@@ -5,11 +5,10 @@ import json
 from datetime import datetime
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from . import heartbeat as hbmod
-from .cliopts import workspace, ws_option
+from .cliopts import emit, json_option, print_table, workspace, ws_option
 from .session import find_session, list_sessions
 
 
@@ -41,13 +40,15 @@ def heartbeat_group():
 @click.argument("session")
 @click.argument("schedule")
 @click.argument("prompt")
+@json_option
 @ws_option
 @click.pass_context
-def add(ctx, session, schedule, prompt):
+def add(ctx, session, schedule, prompt, as_json):
     """Add a heartbeat: SCHEDULE is 'every 10m' (s, m, h, d) or 5 cron fields."""
     s = find_session(workspace(ctx).sessions, session)
     hb = hbmod.add(s.dir, schedule, prompt)
-    click.echo(f"{hb['id']}: next at {datetime.fromtimestamp(hb['next_due']):%Y-%m-%d %H:%M:%S}")
+    emit(as_json, {**hb, "session": s.id},
+         f"{hb['id']}: next at {datetime.fromtimestamp(hb['next_due']):%Y-%m-%d %H:%M:%S}")
 
 
 @heartbeat_group.command("list")
@@ -69,47 +70,50 @@ def list_cmd(ctx, session, as_json):
     for r in rows:
         table.add_row(r["session"], r["id"], r["schedule"], f"{datetime.fromtimestamp(r['next_due']):%m-%d %H:%M:%S}",
                       "paused" if r.get("paused") else "active", r["prompt"])
-    Console(highlight=False).print(table if rows else "no heartbeats")
+    print_table(table if rows else "no heartbeats")
 
 
-def _set(ctx, session, hb_id, **changes):
+def _set(ctx, session, hb_id, as_json, **changes):
     s = find_session(workspace(ctx).sessions, session)
     hb = hbmod.find(s.dir, hb_id)
     hb.update(changes)
     if changes.get("paused") is False:  # ticks missed while paused are not owed
         hb["next_due"] = hbmod.next_after(hbmod.parse_schedule(hb["schedule"]), datetime.now().timestamp())
     hbmod.save(s.dir, hb)
-    click.echo(f"{hb_id}: {'paused' if hb['paused'] else 'active'}")
+    emit(as_json, {**hb, "session": s.id}, f"{hb_id}: {'paused' if hb['paused'] else 'active'}")
 
 
 @heartbeat_group.command("pause")
 @click.argument("session")
 @click.argument("hb_id", metavar="ID")
+@json_option
 @ws_option
 @click.pass_context
-def pause(ctx, session, hb_id):
+def pause(ctx, session, hb_id, as_json):
     """Stop a heartbeat's ticks until `resume`."""
-    _set(ctx, session, hb_id, paused=True)
+    _set(ctx, session, hb_id, as_json, paused=True)
 
 
 @heartbeat_group.command("resume")
 @click.argument("session")
 @click.argument("hb_id", metavar="ID")
+@json_option
 @ws_option
 @click.pass_context
-def resume(ctx, session, hb_id):
+def resume(ctx, session, hb_id, as_json):
     """Tick again, from the next scheduled time."""
-    _set(ctx, session, hb_id, paused=False)
+    _set(ctx, session, hb_id, as_json, paused=False)
 
 
 @heartbeat_group.command("rm")
 @click.argument("session")
 @click.argument("hb_id", metavar="ID")
+@json_option
 @ws_option
 @click.pass_context
-def rm(ctx, session, hb_id):
+def rm(ctx, session, hb_id, as_json):
     """Delete a heartbeat."""
     s = find_session(workspace(ctx).sessions, session)
     hbmod.find(s.dir, hb_id)
     (hbmod.folder(s.dir) / f"{hb_id}.yaml").unlink()
-    click.echo(f"{hb_id}: removed")
+    emit(as_json, {"id": hb_id, "session": s.id, "removed": True}, f"{hb_id}: removed")

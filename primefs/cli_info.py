@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .cliopts import json_option, workspace, ws_option
+from .cliopts import json_option, print_table, workspace, ws_option
 
 
 def _table(*columns: str) -> Table:
@@ -39,7 +39,7 @@ def models_cmd(ctx, as_json):
     for r in rows:  # an alias that does not resolve shows why in the key column
         t.add_row(("* " if r["default"] else "  ") + r["name"], r["model"] or "?", r["tool_mode"] or "",
                   r["key"] if r["model"] else r["problem"], style=None if r["key_ok"] else "yellow")
-    Console(highlight=False).print(t)
+    print_table(t)
 
 
 @click.command("plugins")

@@ -6,7 +6,7 @@ import json
 import click
 
 from .accounting import UsageIndex, tree_order
-from .cliopts import workspace, ws_option
+from .cliopts import print_table, workspace, ws_option
 from .daemon import lock_held
 from .errors import PrimefsError
 from .fsutil import read_json_dict
@@ -32,7 +32,7 @@ def session_record(index: UsageIndex, sid: str) -> dict:
     return {"id": s.id, "name": m.get("name"), "parent": m.get("parent"), "depth": m.get("depth") or 0,
             "status": m.get("status"), "stop_reason": m.get("stop_reason"), "error": m.get("error"),
             "model": m.get("model"), "goal": m.get("goal"), "created": m.get("created"),
-            "updated": m.get("updated"), "turns": s.row["turns"], "result": s.row["result"],
+            "updated": m.get("updated"), "turns": s.row["turns"], "result": s.row["result"],  # resumed: not new
             "node": m.get("node"),  # the Ray node of its kernel (None: this machine)
             "usage": index.own[sid], "tree_usage": index.tree(sid)}
 
@@ -79,8 +79,8 @@ def goal_problems(ws, index: UsageIndex) -> list[str]:
 
 def status_row(r: dict) -> Row:
     tu = r["tree_usage"]
-    label = r["status"] + (f" ({r['stop_reason']})" if r["stop_reason"] and r["status"] not in ("done", "running")
-                           else "")
+    said = r["stop_reason"] in (None, "", r["status"]) or r["status"] in ("done", "running")
+    label = r["status"] + ("" if said else f" ({r['stop_reason']})")
     if r.get("interrupted"):
         label = "interrupted"
     detail = r["error"] if r["status"] in ("failed", "broken") else (r["result"] or r["goal"] or "")
@@ -132,7 +132,7 @@ def status(ctx, session, show_all, as_json):
     if records:
         items = arrange([status_row(r) for r in records], fold=not show_all, root=root, trees=FINISHED_TREES)
         width = out.width if out.is_terminal else max(out.width, 160)  # piped: ids and whole names
-        out.print(table(items, width, last="goal / result"), soft_wrap=not out.is_terminal)
+        print_table(table(items, width, last="goal / result"), width)
     else:
         out.print("no sessions yet")
     for line in notes(records):
@@ -236,7 +236,7 @@ def usage(ctx, session, as_json, as_tree):
         u = data[label]
         table.add_row(label, str(u["calls"]), f"{u['input_tokens']:,}", f"{u['output_tokens']:,}",
                       f"{u['cost_usd']:.6f}", f"{u['wall_s']:.2f}")
-    Console(highlight=False).print(table)
+    print_table(table)
     tools = data["tree"]["tools"]
     if tools:
         out = Console(highlight=False)

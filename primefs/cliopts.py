@@ -33,6 +33,22 @@ def emit(as_json: bool, data, text: str) -> None:
         click.echo(text)
 
 
+def print_table(renderable, width: int | None = None) -> None:
+    """Print a table (or text) to stdout: fitted to a terminal; piped, `width` columns (default: the
+    console's) with no padding left at the ends of lines."""
+    from rich.console import Console
+
+    out = Console(highlight=False)
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    if width:
+        out.width = width
+    with out.capture() as cap:
+        out.print(renderable, soft_wrap=True)
+    click.echo("\n".join(line.rstrip() for line in cap.get().splitlines()))
+
+
 def workspace(ctx: click.Context):
     return find_workspace((ctx.obj or {}).get("workspace"))
 

@@ -33,6 +33,7 @@ class ModelGateway:
         self.goals.before_model_call(agent)
         settings = dict(settings or agent.settings)
         settings["workspace"] = str(self.ws.root)
+        settings["_purpose"] = purpose
         provider = provider_for(self.providers, settings["model"], settings.get("provider"))
         history = agent.session.history
         if provider.name == "litellm":  # a missing key is said plainly, once, not retried

@@ -1,4 +1,5 @@
-"""Watching sessions as they run: `primefs log -f` (and `tail`), `primefs attach` (`primefs agents`: agents.py).
+"""Watching sessions as they run: `primefs log -f` (and hidden `tail`), `primefs attach` (`primefs agents`:
+agents.py).
 
 Everything here reads the files the runner writes; nothing talks to the runner. history.jsonl is
 append-only with one write per event, so a reader keeps a byte offset just past the last complete
@@ -230,10 +231,10 @@ def attach(ctx, session, last):
             stop.set()
 
     console.print(f"[dim]attached to {s.id} ({escape(s.name)}): type a message and press Enter; "
-                  "Ctrl-D or Ctrl-C detaches[/dim]")
+                  "Ctrl-D or Ctrl-C detaches[/dim]", soft_wrap=True)
     if not runner_state(ws)["running"]:
         console.print("[yellow]note:[/yellow] no runner is running: messages wait in the mailbox until "
-                      "one starts (`primefs up`)")
+                      "one starts (`primefs up`)", soft_wrap=True)
     if s.status == "stopped":
         console.print("[yellow]note:[/yellow] this session is stopped: it takes no more turns")
     reader = threading.Thread(target=read_input, name="primefs-attach-input", daemon=True)
@@ -244,7 +245,7 @@ def attach(ctx, session, last):
         stop.set()
     for p in problems:
         err.print(f"[red]error:[/red] reading input: {escape(p)}")
-    console.print(f"detached; {_where_it_stands(ws, s)}", markup=False)
+    console.print(f"detached; {_where_it_stands(ws, s)}", markup=False, soft_wrap=True)
 
 
 def _where_it_stands(ws, s: Session) -> str:

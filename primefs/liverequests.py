@@ -121,24 +121,30 @@ class LiveRequests:
     def _with_kernel(self, agent, fn) -> dict:
         """Run fn with the session's kernel to ourselves: at once when no turn runs (starting the kernel,
         with its variables restored, if it is not up), else between two steps of the turn."""
-        if agent.turn_lock.acquire(blocking=False):
-            try:
-                with agent.kernel_lock:
-                    agent.ensure_conversation()
-                    agent.ensure_kernel()
-                    return fn()
-            finally:
-                agent.turn_lock.release()
-                self.turns.park(agent)
-        if not agent.kernel_lock.acquire(timeout=BUSY_WAIT_S):
-            raise PrimefsError(f"the session's kernel has been running a cell of its turn for {BUSY_WAIT_S:g} s; "
-                               "try again later (or primefs stop it)")
-        try:
-            if not agent.kernel.running():
-                raise PrimefsError("the session's kernel is not up right now (it is being restarted); try again")
-            return fn()
-        finally:
-            agent.kernel_lock.release()
+        deadline, busy = time.monotonic() + BUSY_WAIT_S, True
+        while True:
+            if agent.turn_lock.acquire(blocking=False):
+                try:
+                    with agent.kernel_lock:
+                        agent.ensure_conversation()
+                        agent.ensure_kernel()
+                        return fn()
+                finally:
+                    agent.turn_lock.release()
+                    self.turns.park(agent)
+            if agent.kernel_lock.acquire(timeout=0.2):  # between two steps of the turn
+                busy = False
+                try:
+                    if agent.kernel.running():
+                        return fn()
+                finally:
+                    agent.kernel_lock.release()
+                time.sleep(0.05)  # the turn is starting (or restarting) its kernel: look again
+            if time.monotonic() > deadline:
+                raise PrimefsError(f"the session's kernel has been running a cell of its turn for {BUSY_WAIT_S:g} s; "
+                                   "try again later (or primefs stop it)" if busy else
+                                   "the session's kernel did not come up (its turn is starting or restarting it); "
+                                   "try again")
 
     def _exec(self, agent, code: str) -> dict:
         """The user's code in the session's kernel, recorded in its history as the user's (the model is

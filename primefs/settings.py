@@ -138,6 +138,12 @@ def check_alias(alias, settings, where: str) -> None:
         raise PrimefsError(f"{at}.stream must be true or false")
     if settings.get("context_window") is not None:
         number(settings["context_window"], f"{at}.context_window", "int", 1, 100_000_000)
+    if settings.get("first_reply_grammar") is not None:
+        _text(settings["first_reply_grammar"], f"{at}.first_reply_grammar", 65536)
+        model = str(settings.get("model") or "")
+        if model != "local" and not model.startswith("local/"):
+            raise PrimefsError(f"{at}.first_reply_grammar is for the embedded model (model: local) only, "
+                               f"not {_short(model)}")
     for key, value in settings.items():  # the rest goes to litellm: plain values only
         if isinstance(value, float) and not math.isfinite(value):
             raise PrimefsError(f"{at}.{key} must be a finite number, not {value!r}")

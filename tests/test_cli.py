@@ -208,7 +208,9 @@ def test_example_workspace_is_ready(tmp_path):
         [("note", "answer-style"), ("memory", "python-arithmetic"), ("skill", "word-stats"), ("agent", "checker")])
     assert not [e for e in entries if e.problem]
     goal = parse_goal(ws, goal_files(ws)[0])
-    assert goal.name == "demo" and goal.limits == {"max_steps_per_turn": 4} and goal.model == "local"
+    assert goal.name == "demo" and goal.limits == {"max_steps_per_turn": 4} and goal.model == "local-demo"
+    demo = ws.resolve_model("local-demo")  # the embedded model, its first reply held to a grammar
+    assert demo["model"] == "local/smollm2" and demo["tool_mode"] == "fenced" and "root ::=" in demo["first_reply_grammar"]
     clean = subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain"], capture_output=True, text=True)
     assert clean.stdout == ""
 

@@ -36,6 +36,10 @@ def test_put_unchanged_says_no_change_and_commits_nothing(home):
                     "session": None, "path": "harness/notes/units.md"}
     new = json.loads(put(home, "note", "units", "--json", body="Prefer imperial units.\n"))
     assert new["changed"] and new["commit"] == git(home, "rev-parse", "HEAD").strip() != sha
+    gone = cli("harness", "rm", "note", "units", "--json", cwd=home)
+    assert json.loads(gone.stdout) == {"commit": git(home, "rev-parse", "HEAD").strip(), "changed": True,
+                                       "kind": "note", "name": "units", "scope": "global", "session": None}
+    assert not (home / "harness/notes/units.md").exists()
 
 
 def test_log_shows_a_plain_git_revert_and_revert_refuses_it_twice(home):

@@ -189,7 +189,8 @@ def test_cli_refine_and_outcome_and_broken_files(ws, server):
     r = cli(ws, "refine", "t", "--instructions", "keep it short")
     assert r.returncode == 0 and "applied create note/tip" in r.stdout, r.stdout + r.stderr
     sha = r.stdout.split(": ")[-1].strip()
-    assert cli(ws, "harness", "outcome", sha, "good", "--note", "it helped").returncode == 0
+    judged = cli(ws, "harness", "outcome", sha, "good", "--note", "it helped", "--json")
+    assert json.loads(judged.stdout) == {"commit": sha, "outcome": "good", "note": "it helped"}
     log = json.loads(cli(ws, "harness", "log", "--json").stdout)
     assert log[0]["outcome"] == "good" and log[0]["outcome_note"] == "it helped"
     assert "Use code." in cli(ws, "harness", "show", "note", "tip").stdout

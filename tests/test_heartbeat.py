@@ -87,6 +87,12 @@ def test_cli_and_kernel_heartbeats(ws):
     assert "paused" in cli("heartbeat", "pause", "k", hid).stdout
     assert hb.find(s.dir, hid)["paused"] is True
     assert "active" in cli("heartbeat", "resume", "k", hid).stdout
+    paused = json.loads(cli("heartbeat", "pause", "k", hid, "--json").stdout)
+    assert paused["id"] == hid and paused["paused"] is True and paused["session"] == s.id
+    added = json.loads(cli("heartbeat", "k", "every 1h", "later", "--json").stdout)
+    assert added["schedule"] == "every 1h" and added["next_due"] > 0
+    gone = json.loads(cli("heartbeat", "rm", "k", added["id"], "--json").stdout)
+    assert gone == {"id": added["id"], "session": s.id, "removed": True}
     assert cli("heartbeat", "rm", "k", hid).returncode == 0
     assert len(json.loads(cli("heartbeat", "list", "--json").stdout)) == 1
     bad = cli("heartbeat", "k", "whenever", "x")

@@ -1,13 +1,17 @@
-"""Smoke test of the embedded local model (SmolLM2-135M via in-process llama.cpp).
+"""Smoke test of the embedded local model (SmolLM2-135M via llama.cpp in a child process).
 
-The model is tiny: assert only that a reply came back and was counted, never on its content.
+The model is tiny: assert only that a reply came back and was counted, never on its content
+(except the shape a grammar imposes).
 """
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
+from primefs.conversation import fenced_code
+from primefs.frontmatter import load_yaml
 from primefs.providers.local import LocalProvider, ensure_server, model_path
 
 pytestmark = pytest.mark.slow
@@ -32,3 +36,16 @@ def test_local_model_replies():
     assert reply.output_tokens <= 64
     assert reply.tool_calls == []
     assert ensure_server() == ensure_server()  # one server per process
+
+
+def test_demo_grammar_makes_the_first_reply_a_code_block():
+    """The grammar `make demo` uses (example_workspace/primefs.yaml) is valid GBNF for llama.cpp and
+    holds the first reply to one code block; the model still writes the expression."""
+    root = Path(__file__).resolve().parent.parent / "example_workspace"
+    alias = load_yaml(root / "primefs.yaml")["models"]["local-demo"]
+    messages = [{"role": "system", "content": "Run Python code in ```python fences."},
+                {"role": "user", "content": "What is 12 * 34? Compute it with Python."}]
+    reply = LocalProvider().complete(messages, None, {**alias, "max_tokens": 128, "_purpose": "turn"})
+    [code] = fenced_code(reply.text)
+    lines = code.splitlines()
+    assert lines[0].startswith("answer = ") and lines[1:] == ["print(answer)", "done(answer)"]

@@ -10,7 +10,8 @@ _import_lock = threading.Lock()
 _litellm = None
 
 # Settings that are ours, not litellm's: never passed on.
-OWN_KEYS = {"model", "tool_mode", "api_key_env", "provider", "script", "stream", "context_window", "workspace"}
+OWN_KEYS = {"model", "tool_mode", "api_key_env", "provider", "script", "stream", "context_window", "workspace",
+            "first_reply_grammar"}
 
 
 def get_litellm():

@@ -114,6 +114,18 @@ def _wait_healthy(base: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def first_reply_grammar(messages: list[dict], settings: dict) -> str | None:
+    """The alias's ``first_reply_grammar`` (llama.cpp GBNF) when this call is a turn's model call of a
+    conversation with no reply of the model yet: the session's first reply. Other calls (later
+    replies, llm(), compaction, refine) are never constrained."""
+    grammar = settings.get("first_reply_grammar")
+    if not grammar or settings.get("_purpose", "turn") != "turn":
+        return None
+    if any(m.get("role") == "assistant" for m in messages):
+        return None
+    return grammar
+
+
 class LocalProvider:
     name = "local"
 
@@ -122,8 +134,12 @@ class LocalProvider:
 
     def complete(self, messages: list[dict], tools: list[dict] | None, settings: dict) -> ModelReply:
         api_base = ensure_server()
-        rewritten = {k: v for k, v in settings.items() if k not in ("api_key_env", "api_base", "api_key")}
+        rewritten = {k: v for k, v in settings.items()
+                     if k not in ("api_key_env", "api_base", "api_key", "first_reply_grammar")}
         rewritten.update(model=f"openai/{SERVED_NAME}", api_base=api_base, api_key="none")
+        grammar = first_reply_grammar(messages, settings)
+        if grammar:
+            rewritten["extra_body"] = {**(rewritten.get("extra_body") or {}), "grammar": grammar}
         if rewritten.get("max_tokens") is None:
             rewritten["max_tokens"] = DEFAULT_MAX_TOKENS
         # Streamed, so that a cancelled call (primefs stop, down, Ctrl-C) closes the connection and
