@@ -11,6 +11,7 @@ from pathlib import Path
 from . import summary as summaries
 from .errors import PrimefsError
 from .eventindex import EventIndexer
+from .history import events_of
 from .index import Index
 from .session import find_session
 
@@ -64,20 +65,10 @@ class ArchivedSession:
 
     def events(self, type: str | None = None) -> list[dict]:
         path = io.BytesIO(self._history)
-        return [e for e in _events(path) if type is None or e.get("type") == type]
+        return [e for e in events_of(path) if type is None or e.get("type") == type]
 
     def read_result(self) -> str | None:
         return self._result
-
-
-def _events(f):
-    for line in f:
-        if not line.endswith(b"\n"):
-            break
-        try:
-            yield json.loads(line)
-        except ValueError:
-            continue
 
 
 def find_readable(ws, key: str):

@@ -89,13 +89,18 @@ def iter_events(path: Path) -> Iterator[dict]:
     except FileNotFoundError:
         return
     with f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                break
-            try:
-                yield json.loads(line)
-            except ValueError:
-                continue
+        yield from events_of(f)
+
+
+def events_of(f) -> Iterator[dict]:
+    """The complete events of an open binary file of JSON lines; a torn or garbled line is skipped."""
+    for line in f:
+        if not line.endswith(b"\n"):
+            break
+        try:
+            yield json.loads(line)
+        except ValueError:
+            continue
 
 
 def iter_lines(f, start: int, end: int, chunk: int = 1 << 22) -> Iterator[tuple[int, bytes]]:
