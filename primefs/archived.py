@@ -126,11 +126,15 @@ def index_archive(index: Index, place: str, events: bool = True) -> int:
         rows.append(index.row_of(summaries.of_contents(sid, history, meta), result, [None, None, None], place))
     index.write(index.store, rows, [])
     if events:
-        keys = dict(index.run(lambda db: db.execute("SELECT id, key FROM sessions WHERE place = ?", (place,)).fetchall()))
+        stored = {r[0]: r[1:] for r in index.run(lambda db: db.execute(
+            "SELECT id, key, indexed, indexed_check FROM sessions WHERE place = ?", (place,)).fetchall())}
         indexer = EventIndexer(index)
         for row in rows:
-            history = contents[row["id"]][0]
-            indexer.session(keys[row["id"]], row["model"], io.BytesIO(history), len(history), 0, "")
+            if row["id"] not in stored:  # the write above was locked out: next time
+                continue
+            key, indexed, check = stored[row["id"]]
+            history = contents[row["id"]][0]  # as far as its row says (another process may be doing the same)
+            indexer.session(key, row["model"], io.BytesIO(history), len(history), indexed, check)
         indexer.flush()
     return len(rows)
 

@@ -156,3 +156,63 @@ def test_reindex_rebuilds_everything(ws):
     r = cli(ws, "reindex", "--summaries")
     assert r.returncode == 0 and "indexed" in r.stdout
     assert usage_of_all(ws) == truth(ws)
+
+
+def _two_writers_at_once(monkeypatch, *calls) -> None:
+    """Each call reads what to index; only then do their writes happen, one after the other (two
+    commands that read the same rows before either wrote)."""
+    from primefs import eventindex
+
+    held = []
+    real = eventindex.EventIndexer.flush
+    monkeypatch.setattr(eventindex.EventIndexer, "flush", lambda self: held.append(self))
+    for call in calls:
+        call()
+    monkeypatch.setattr(eventindex.EventIndexer, "flush", real)
+    for indexer in held:
+        indexer.flush()
+
+
+def _events_per_session(index: Index) -> dict:
+    return dict(index.run(lambda db: db.execute(
+        "SELECT s.id, count(e.id) FROM sessions s LEFT JOIN events e ON e.session = s.key GROUP BY s.id").fetchall()))
+
+
+def _lines(data: bytes) -> int:
+    return sum(1 for line in data.splitlines() if line.strip())
+
+
+def test_two_index_writers_at_once_store_each_event_once(ws, monkeypatch):
+    from primefs.eventindex import sync_events
+
+    ws = fan_out(ws)
+    one, two = Index(ws.root), Index(ws.root)
+    one.sync(), two.sync()
+    _two_writers_at_once(monkeypatch, lambda: sync_events(one), lambda: sync_events(two))
+    counts = _events_per_session(one)
+    assert counts == {sid: _lines((ws.sessions / sid / "history.jsonl").read_bytes()) for sid in session_ids(ws.sessions)}
+    # appended lines, again read by both before either writes
+    Session(ws.sessions / session_ids(ws.sessions)[0]).history.append("note", text="appended")
+    _two_writers_at_once(monkeypatch, lambda: sync_events(two), lambda: sync_events(one))
+    assert sum(_events_per_session(two).values()) == sum(counts.values()) + 1
+    r = cli(ws, "logs", "--counts", "--json")
+    assert json.loads(r.stdout)["events"] == sum(counts.values()) + 1
+    one.close(), two.close()
+
+
+def test_two_processes_adding_the_same_archive_store_its_events_once(ws, monkeypatch):
+    import zipfile
+
+    from primefs.archived import index_archive
+
+    ws = fan_out(ws)
+    assert cli(ws, "archive", "--json").returncode == 0
+    (place,) = [f"archive/{p.name}" for p in (ws.root / "archive").glob("*.zip")]
+    with zipfile.ZipFile(ws.root / place) as z:
+        truth = {n.split("/")[1]: _lines(z.read(n)) for n in z.namelist() if n.endswith("/history.jsonl")}
+    for suffix in ("", "-wal", "-shm"):
+        (ws.state / (indexmod.FILE + suffix)).unlink(missing_ok=True)
+    one, two = Index(ws.root), Index(ws.root)
+    _two_writers_at_once(monkeypatch, lambda: index_archive(one, place), lambda: index_archive(two, place))
+    assert _events_per_session(one) == truth
+    one.close(), two.close()
