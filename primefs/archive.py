@@ -184,8 +184,9 @@ def _finish(ws, index: Index, stage: Path, journal: dict) -> None:
     paths = [f"sessions/{sid}" for sid in members] + ([journal["goal"]] if journal["goal"] else [])
     tracked = git(ws.root, "ls-files", "-z", "--", *paths, check=False).stdout.split("\0")
     paths = [p for p in paths if any(t == p or t.startswith(p + "/") for t in tracked)]  # git add refuses others
-    commit_paths(ws.root, [journal["file"], *paths],
-                 f"archive: {journal['root']} ({journal['name']}), {len(members)} session(s) -> {journal['file']}")  # 6
+    commit_paths(ws.root, [journal["file"], *paths],  # 6: whole folders, their harness/ too (it left with them)
+                 f"archive: {journal['root']} ({journal['name']}), {len(members)} session(s) -> {journal['file']}",
+                 harness=True)
     shutil.rmtree(stage)  # 7
 
 

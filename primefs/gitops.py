@@ -58,7 +58,10 @@ def git(root: Path, *args: str, check: bool = True, input: str | None = None) ->
 RUNTIME = ("sessions/*/kernel/", "sessions/*/summary.json", "sessions/**/.*.tmp")
 
 
-def pathspec(paths: list[str]) -> list[str]:
+def pathspec(paths: list[str], harness: bool = False) -> list[str]:
+    """These paths, without the harness folders of the session folders among them unless `harness`."""
+    if harness:
+        return list(paths)
     return list(paths) + [f":(exclude){p}/harness" for p in paths if p.startswith("sessions/") and p.count("/") == 1]
 
 
@@ -76,13 +79,14 @@ def ignore_runtime(root: Path) -> None:
         pass
 
 
-def commit_paths(root: Path, paths: list[str], message: str) -> bool:
+def commit_paths(root: Path, paths: list[str], message: str, *, harness: bool = False) -> bool:
     """Stage and commit exactly these paths (never what else the user staged). False if nothing changed.
+    A session folder's harness/ is left to harness commits unless `harness` (a whole folder that leaves).
 
     The commit is built in a private index (.primefs/git-index, kept equal to HEAD) rather than with
     `git commit -- paths`, which refreshes every entry of the index (a stat of every file of every
     session: 0.2 s a commit at 10,000 sessions). The user's index gets these paths as committed."""
-    spec = pathspec(paths)
+    spec = pathspec(paths, harness)
     with commit_lock(root):
         git(root, "add", "-A", "--", *spec)
         index = PrivateIndex(root)

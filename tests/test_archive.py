@@ -196,3 +196,25 @@ def test_a_runner_does_the_archive_and_a_killed_one_leaves_no_half_tree(ws):
     assert r.returncode == 0, r.stderr
     for root, members in groups.items():
         assert whole_somewhere(ws, root, members) == "archived"
+
+
+def test_archiving_takes_a_sessions_own_harness_files_out_of_git_too(ws):
+    """A session's harness/ (committed by harness commits) leaves with its folder in the archive commit:
+    nothing is left deleted-but-tracked for the next hand-edit commit to take as a person's deletion."""
+    from primefs.harness import Harness, HarnessGit
+
+    ws = fan_out(ws)
+    root = next(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).meta.get("parent") is None)
+    h = Harness(ws)
+    h.put("memory", "sky-color", "Red, in this session.", scope="session", session=root, description="local")
+    assert f"sessions/{root}/harness/memory/sky-color.md" in tracked(ws)
+    r = cli(ws, "archive", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["sessions"] == 4, r.stderr
+    assert f"sessions/{root}" not in tracked(ws)
+    assert subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain", "--", "sessions", "archive"],
+                          capture_output=True, text=True).stdout == ""
+    head = subprocess.run(["git", "-C", str(ws.root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert HarnessGit(ws.root).commit_user_edits() == []
+    assert subprocess.run(["git", "-C", str(ws.root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout == head
+    with zipfile.ZipFile(ws.root / "archive" / f"{root}.zip") as z:
+        assert f"sessions/{root}/harness/memory/sky-color.md" in z.namelist()
