@@ -37,7 +37,7 @@ from .errors import PrimefsError
 from .eventindex import sync_events
 from .fsutil import fsync_dir, write_atomic
 from .gitops import commit_paths, git
-from .index import Index
+from .index import ARCHIVING, Index
 from .summary import stat_key
 
 ARCHIVE = "archive"
@@ -48,7 +48,7 @@ RUNTIME = ("kernel", "summary.json", "stop.request", "refine.request")  # never 
 
 
 def staging(ws) -> Path:
-    return ws.state / "archiving"
+    return ws.state / ARCHIVING
 
 
 def _trees(rows: dict[str, dict]) -> dict[str, list[str]]:
@@ -179,8 +179,16 @@ def _write_zip(ws, stage: Path, journal: dict) -> None:
 
 def _finish(ws, index: Index, stage: Path, journal: dict) -> None:
     members = journal["sessions"]
-    index.write(lambda db: db.execute("UPDATE sessions SET place = ? WHERE id IN (SELECT value FROM json_each(?))",
-                                      (journal["file"], json.dumps(members))))  # 5
+    stat = stat_key(ws.root / journal["file"])
+
+    def point_at_zip(db):  # 5. Rows missing here (the index rebuilt meanwhile), or this write locked out:
+        # sync_archives compares the manifest with the rows and adds what is missing (archived.py)
+        db.execute("UPDATE sessions SET place = ? WHERE id IN (SELECT value FROM json_each(?))",
+                   (journal["file"], json.dumps(members)))
+        db.execute("INSERT OR REPLACE INTO archives (place, stat, sessions) VALUES (?, ?, ?)",
+                   (journal["file"], json.dumps(stat), json.dumps(members)))
+
+    index.write(point_at_zip)
     paths = [f"sessions/{sid}" for sid in members] + ([journal["goal"]] if journal["goal"] else [])
     tracked = git(ws.root, "ls-files", "-z", "--", *paths, check=False).stdout.split("\0")
     paths = [p for p in paths if any(t == p or t.startswith(p + "/") for t in tracked)]  # git add refuses others

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import summary as summaries
 from .summary import META, stat_key
 
-VERSION = 4  # PRAGMA user_version: another version is dropped and rebuilt
+VERSION = 5  # PRAGMA user_version: another version is dropped and rebuilt
 FILE = "index.sqlite"
 SCHEMA = """
 CREATE TABLE sessions (
@@ -46,10 +46,16 @@ CREATE INDEX events_session ON events(session, pos);
 CREATE INDEX events_ts ON events(ts);
 CREATE INDEX events_type ON events(type, model, session);  -- covers -t/-m filters and --counts
 CREATE VIRTUAL TABLE events_text USING fts5(text, content='');
+CREATE TABLE archives (
+  place TEXT PRIMARY KEY,                 -- archive/<root>.zip
+  stat TEXT,                              -- the stat of the file when its manifest was read
+  sessions TEXT NOT NULL                  -- the session ids its manifest names (archived.sync_archives)
+);
 """
 COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
 LIGHT = ("id", "parent", "status", "goal", "broken", "place")  # what the runner's start needs
 BUSY_S = 10.0
+ARCHIVING = "archiving"  # .primefs/archiving/<root>/<id>: a folder on its way into a zip (archive.py)
 
 
 def broken_database(exc: Exception) -> bool:
@@ -134,7 +140,7 @@ class Index:
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
-        db.execute("SELECT 1 FROM sessions, events, events_text LIMIT 0")  # damaged tables fail here
+        db.execute("SELECT 1 FROM sessions, events, events_text, archives LIMIT 0")  # damaged tables fail here
         db.execute("PRAGMA synchronous=NORMAL")
 
     def remove_files(self) -> None:
@@ -220,12 +226,27 @@ class Index:
             out[sid] = self.row_of(s, read_result(folder), keys)
             changed.append(out[sid])
         gone = [] if ids is not None else [sid for sid, (_, place) in known.items() if place == "" and sid not in out]
+        if gone:  # a folder being archived is still a session: its row waits for its zip (archive.py step 5)
+            moving = self.moving()
+            gone = [sid for sid in gone if sid not in moving]
         if changed or gone:
             self.write(self.store, changed, gone)
         missing = [sid for sid, row in out.items() if row is None]
         if missing:
             stored = self.rows(None if ids is None else missing, light=meta_only or light)
             out.update((sid, stored[sid]) for sid in missing if sid in stored)
+        return out
+
+    def moving(self) -> set[str]:
+        """Ids of the session folders on their way into an archive (.primefs/archiving/<root>/<id>)."""
+        out: set[str] = set()
+        try:
+            with os.scandir(self.root / ".primefs" / ARCHIVING) as stages:
+                for stage in stages:
+                    if stage.is_dir():
+                        out.update(session_ids(Path(stage.path)))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
         return out
 
     @staticmethod

@@ -218,3 +218,78 @@ def test_archiving_takes_a_sessions_own_harness_files_out_of_git_too(ws):
     assert subprocess.run(["git", "-C", str(ws.root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout == head
     with zipfile.ZipFile(ws.root / "archive" / f"{root}.zip") as z:
         assert f"sessions/{root}/harness/memory/sky-color.md" in z.namelist()
+
+
+def _archived_rows(ws) -> dict:
+    from primefs.index import Index
+
+    index = Index(ws.root)
+    try:
+        return {sid: row["place"] for sid, row in index.rows().items()}
+    finally:
+        index.close()
+
+
+def test_status_while_a_tree_is_being_archived_keeps_its_rows(ws, monkeypatch):
+    """A full index sync (another command's `status`) that lands between two folder moves does not drop
+    the rows of the folders already in .primefs/archiving/: the tree stays searchable once archived."""
+    ws = fan_out(ws)
+    [(root, members)] = trees(ws).items()
+    counts = json.loads(cli(ws, "logs", "--counts", "--json").stdout)
+    real_rename, moves = os.rename, []
+
+    def rename(src, dst):
+        real_rename(src, dst)
+        moves.append(src)
+        if len(moves) == 1:  # one folder moved, the others not yet
+            r = cli(ws, "status", "--json")
+            assert r.returncode == 0, r.stderr
+            assert {rec["id"] for rec in json.loads(r.stdout)} == set(members) - {members[0]}
+
+    monkeypatch.setattr(archive.os, "rename", rename)
+    assert archive.run(ws)["sessions"] == 4
+    monkeypatch.undo()
+    assert _archived_rows(ws) == {sid: f"archive/{root}.zip" for sid in members}
+    assert json.loads(cli(ws, "logs", "--counts", "--json").stdout) == counts
+    r = cli(ws, "log", members[0], "--json")
+    assert r.returncode == 0 and r.stdout, r.stderr
+
+
+def test_rows_of_archived_sessions_lost_from_the_index_come_back_from_the_manifest(ws, monkeypatch):
+    """The index compares each archive's manifest with its rows, not only whether it knows the file:
+    rows dropped while a tree moved (an older primefs, a rebuilt index) or a step-5 write that was
+    locked out are made good by the next `logs`."""
+    import sqlite3
+
+    from primefs.index import FILE, Index
+
+    ws = fan_out(ws)
+    grow(ws, 1)
+    groups = trees(ws)
+    counts = json.loads(cli(ws, "logs", "--counts", "--json").stdout)
+    first, second = sorted(groups)
+    # step 5 of the second tree locked out: its rows still say sessions/, and a `status` drops them
+    real_write, calls = Index.write, []
+
+    def write(self, fn, *a):
+        if getattr(fn, "__name__", "") == "point_at_zip":
+            calls.append(fn)
+            if len(calls) == 2:
+                return False  # the second tree's step 5: another writer held the lock all along
+        return real_write(self, fn, *a)
+
+    monkeypatch.setattr(Index, "write", write)
+    assert archive.run(ws)["sessions"] == 8 and len(calls) == 2
+    monkeypatch.undo()
+    assert cli(ws, "status", "--json").stdout.strip() == "[]"
+    # a row of the first tree lost (as a sync between two moves did before)
+    db = sqlite3.connect(ws.state / FILE)
+    db.execute("DELETE FROM events WHERE session = (SELECT key FROM sessions WHERE id = ?)", (groups[first][1],))
+    db.execute("DELETE FROM sessions WHERE id = ?", (groups[first][1],))
+    db.commit()
+    db.close()
+    assert json.loads(cli(ws, "logs", "--counts", "--json").stdout) == counts
+    assert _archived_rows(ws) == {sid: f"archive/{root}.zip" for root, members in groups.items() for sid in members}
+    for sid in (groups[first][1], groups[second][0]):
+        r = cli(ws, "log", sid, "--json")
+        assert r.returncode == 0 and r.stdout, r.stderr
