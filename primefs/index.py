@@ -293,29 +293,64 @@ class Index:
                                                  [(json.dumps(m), sid) for sid, m in marks.items()]))
 
     def sync_new(self) -> None:
-        """Rows for session folders the index does not know yet (one directory listing)."""
+        """Rows for session folders the index does not know yet, and rows of broken session.yaml files
+        looked at again (one may have been mended by hand): one directory listing."""
         present = session_ids(self.sessions_dir)
-        known = set(self.run(lambda db: [r[0] for r in db.execute("SELECT id FROM sessions")]))
-        new = [sid for sid in present if sid not in known]
-        if new:
-            self.sync(new)
+        known = dict(self.run(lambda db: db.execute("SELECT id, broken IS NOT NULL FROM sessions").fetchall()))
+        todo = [sid for sid in present if known.get(sid, True)]
+        if todo:
+            self.sync(todo)
+
+    def refresh(self) -> None:
+        """Rows of new folders, and of sessions whose session.yaml changed (a name, a parent edited by
+        hand, a broken file mended), brought up to date: one directory listing and one stat per session
+        (0.05 s at 10,000 sessions), before a question about names or trees. Rows of folders that are
+        gone stay until a full sync."""
+        present = session_ids(self.sessions_dir)
+        known = dict(self.run(lambda db: db.execute(  # session.yaml's stat as stored, in json.dumps's spelling
+            "SELECT id, json_extract(keys, '$[1]') FROM sessions WHERE place = ''").fetchall()))
+        changed = []
+        for sid in present:
+            key = stat_key(f"{self.sessions_dir}/{sid}/session.yaml")
+            if key is not None and known.get(sid) != f"[{key[0]},{key[1]},{key[2]}]":
+                changed.append(sid)
+        if changed:
+            self.sync(changed)
 
     def find(self, name: str, archived: bool = False) -> str | None:
-        """The newest readable session with this name in sessions/ (or also archived ones); new folders
-        are looked at first."""
+        """The newest readable session with this name in sessions/ (or also archived ones). New folders
+        and mended session.yaml files are looked at first; a hit is checked against its session.yaml
+        (renamed by hand since: asked again), a miss asked again after refresh() (renamed to this name)."""
         self.sync_new()
         where = "" if archived else " AND place = ''"
-        row = self.run(lambda db: db.execute(f"SELECT id FROM sessions WHERE name = ? AND broken IS NULL{where} "
-                                             "ORDER BY id DESC LIMIT 1", (name,)).fetchone())
+
+        def ask():
+            return self.run(lambda db: db.execute(f"SELECT id, keys, place FROM sessions WHERE name = ? AND broken "
+                                                  f"IS NULL{where} ORDER BY id DESC LIMIT 1", (name,)).fetchone())
+        for _ in range(3):
+            row = ask()
+            if row is None:
+                break
+            sid, keys, place = row
+            key = None if place else stat_key(f"{self.sessions_dir}/{sid}/session.yaml")
+            if place or json.loads(keys)[1] == key:
+                return sid  # as its file says (an archived one no longer changes)
+            if key is None and sid not in self.moving():
+                self.write(self.store, [], [sid])  # its folder is gone
+            else:
+                self.sync([sid])  # edited since it was read: its row brought up to date, then asked again
+        self.refresh()
+        row = ask()
         return row[0] if row else None
 
     def names(self) -> dict[str, str]:
-        """id -> name of every readable session (new folders looked at first)."""
-        self.sync_new()
+        """id -> name of every readable session (new folders and changed session.yaml files looked at first)."""
+        self.refresh()
         return dict(self.run(lambda db: db.execute("SELECT id, name FROM sessions WHERE broken IS NULL").fetchall()))
 
     def subtree(self, sid: str) -> list[str]:
-        """`sid` and its descendants as the index knows them (parents first)."""
+        """`sid` and its descendants as the index knows them (parents first): call refresh() first for
+        what the files say now."""
         out, frontier = [sid], [sid]
         while frontier:
             kids = self.run(lambda db: [r[0] for r in db.execute(
@@ -327,7 +362,8 @@ class Index:
         return out
 
     def tree(self, sid: str) -> dict[str, dict]:
-        """Current rows of `sid` and all its descendants: new folders and the tree's own files looked at."""
+        """Current rows of `sid` and all its descendants: new folders, mended session.yaml files and the
+        tree's own files looked at (not the session.yaml of every session: `usage` stays fast)."""
         self.sync_new()
         return self.sync(self.subtree(sid))
 

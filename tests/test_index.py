@@ -216,3 +216,53 @@ def test_two_processes_adding_the_same_archive_store_its_events_once(ws, monkeyp
     _two_writers_at_once(monkeypatch, lambda: index_archive(one, place), lambda: index_archive(two, place))
     assert _events_per_session(one) == truth
     one.close(), two.close()
+
+
+def test_a_session_renamed_by_hand_is_found_by_its_new_name_only(ws):
+    from primefs.session import find_session, session_names
+
+    ws = fan_out(ws)
+    grow(ws, 1)
+    index = Index(ws.root)
+    index.sync()
+    fans = sorted(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).name == "fan")
+    assert len(fans) == 2 and index.find("fan") == fans[1]
+    path = ws.sessions / fans[1] / "session.yaml"
+    path.write_text(path.read_text().replace("name: fan\n", "name: renamed\n"))  # by hand, the row not told
+    assert index.find("renamed") == fans[1]
+    assert index.find("fan") == fans[0]  # the other one of the old name
+    path.write_text(path.read_text().replace("name: renamed\n", "name: again\n"))
+    assert session_names(ws.sessions)[fans[1]] == "again"
+    assert find_session(ws.sessions, "again").id == fans[1]
+    r = cli(ws, "usage", "again", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["session"] == fans[1], r.stderr
+    assert index.find("renamed") is None
+    index.close()
+
+
+def test_a_mended_session_yaml_puts_its_subtree_back_for_stop_tree(ws):
+    from primefs.control import descendants
+
+    ws = fan_out(ws)
+    root = next(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).meta.get("parent") is None)
+    child = next(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).meta.get("parent") == root)
+    below = grow(ws, 1, parent=child)  # a tree under the child
+    everyone = sorted(set(session_ids(ws.sessions)) - {root})
+    assert sorted(descendants(ws, root)) == everyone
+    path = ws.sessions / child / "session.yaml"
+    good = path.read_text()
+    path.write_text(good + "limits: [not closed\n")  # broken by hand ...
+    assert "session broken" in cli(ws, "status", "--json").stderr  # a `status` stores its row as broken
+    assert sorted(descendants(ws, root)) == sorted(set(everyone) - {child, *below})
+    path.write_text(good)  # ... and mended
+    assert sorted(descendants(ws, root)) == everyone
+    r = cli(ws, "logs", "--counts", "--json", "-s", root, "--tree")
+    assert r.returncode == 0 and json.loads(r.stdout)["sessions"] == len(everyone) + 1, r.stderr
+    # a parent changed by hand counts too
+    other = below[0]
+    meta = ws.sessions / other / "session.yaml"
+    meta.write_text(meta.read_text().replace(f"parent: {child}", f"parent: {root}"))
+    assert set(descendants(ws, root)) == set(everyone)
+    index = Index(ws.root)
+    assert index.subtree(child) == [child] and index.subtree(root)[:1] == [root]
+    index.close()
