@@ -47,8 +47,20 @@ DEFAULT_STATUSES = ("done", "stopped", "failed")
 RUNTIME = ("kernel", "summary.json", "stop.request", "refine.request")  # never archived
 
 
+CONFLICTS = "archive-conflicts"  # .primefs/archive-conflicts/<root>/: what a roll-back could not put back
+
+
 def staging(ws) -> Path:
     return ws.state / ARCHIVING
+
+
+def conflicts(ws) -> list[str]:
+    """Workspace-relative paths a roll-back kept aside (their place was taken meanwhile): for the user."""
+    folder = ws.state / CONFLICTS
+    if not folder.is_dir():
+        return []
+    return sorted(p.relative_to(ws.root).as_posix() for root in folder.iterdir() if root.is_dir()
+                  for p in root.iterdir())
 
 
 def _trees(rows: dict[str, dict]) -> dict[str, list[str]]:
@@ -198,21 +210,46 @@ def _finish(ws, index: Index, stage: Path, journal: dict) -> None:
     shutil.rmtree(stage)  # 7
 
 
-def roll_back(ws, stage: Path) -> None:
-    """Everything of a tree whose zip was never finished goes back where it was."""
+def roll_back(ws, stage: Path) -> list[str]:
+    """Everything of a tree whose zip was never finished goes back where it was. A folder or goal file
+    whose place was taken meanwhile (a session of that id back in sessions/) is never deleted: it is
+    kept aside in .primefs/archive-conflicts/<root>/. Returns what was kept aside."""
     try:
         journal = json.loads((stage / "journal.json").read_text())
     except (OSError, ValueError):  # cut off before the journal was written: nothing was moved yet
-        shutil.rmtree(stage, ignore_errors=True)
-        return
-    for sid in journal["sessions"]:
-        if (stage / sid).exists() and not (ws.sessions / sid).exists():
-            os.rename(stage / sid, ws.sessions / sid)
-    goal = journal.get("goal")
-    if goal and (stage / goal).exists() and not (ws.root / goal).exists():
-        os.rename(stage / goal, ws.root / goal)
+        return _clear(ws, stage, [])
+    aside: list[str] = []
+    moves = [(stage / sid, ws.sessions / sid) for sid in journal["sessions"]]
+    if journal.get("goal"):
+        moves.append((stage / journal["goal"], ws.root / journal["goal"]))
+    for src, dst in moves:
+        if not src.exists():
+            continue
+        if not dst.exists():
+            os.rename(src, dst)
+            continue
+        _keep_aside(ws, stage.name, src, src.relative_to(stage).as_posix().replace("/", "--"), aside)
     (ws.root / (journal["file"] + ".tmp")).unlink(missing_ok=True)
-    shutil.rmtree(stage)
+    return _clear(ws, stage, aside)
+
+
+def _keep_aside(ws, root: str, src: Path, name: str, aside: list[str]) -> None:
+    kept = ws.state / CONFLICTS / root / name
+    if kept.exists():
+        kept = kept.with_name(f"{kept.name}.{secrets.token_hex(3)}")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(src, kept)
+    aside.append(kept.relative_to(ws.root).as_posix())
+
+
+def _clear(ws, stage: Path, aside: list[str]) -> list[str]:
+    """The stage removed once only its journal is left; anything else in it is kept aside, not deleted."""
+    left = [p for p in stage.rglob("*") if p.is_file() and not p.name.startswith("journal.json")]
+    if left:
+        _keep_aside(ws, stage.name, stage, "left-in-stage", aside)
+    else:
+        shutil.rmtree(stage)
+    return aside
 
 
 def recover(ws, index: Index | None = None) -> list[str]:
@@ -260,9 +297,11 @@ def run(ws, *, before: float | None = None, statuses=DEFAULT_STATUSES, dry_run: 
                 skipped["something arrived while archiving"] += 1
     finally:
         index.close()
-    return {"dry_run": dry_run, "trees": [{k: t[k] for k in ("root", "name", "file", "goal")} | {"sessions": len(
+    out = {"dry_run": dry_run, "trees": [{k: t[k] for k in ("root", "name", "file", "goal")} | {"sessions": len(
         t["sessions"])} for t in archived], "sessions": sum(len(t["sessions"]) for t in archived),
         "skipped": dict(skipped)}
+    kept = conflicts(ws)
+    return out | ({"kept_aside": kept} if kept else {})
 
 
 # -- with a runner running: it does the work (it knows which sessions are in use) -------------------------

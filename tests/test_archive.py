@@ -293,3 +293,39 @@ def test_rows_of_archived_sessions_lost_from_the_index_come_back_from_the_manife
     for sid in (groups[first][1], groups[second][0]):
         r = cli(ws, "log", sid, "--json")
         assert r.returncode == 0 and r.stdout, r.stderr
+
+
+def test_a_roll_back_never_deletes_a_folder_it_cannot_put_back(ws, monkeypatch):
+    """Cut off after two folders moved; meanwhile a folder of the first one's id is back in sessions/:
+    the roll-back puts the second back and keeps the first aside (never deleted), and says so."""
+    ws = fan_out(ws)
+    [(root, members)] = trees(ws).items()
+    history = (ws.sessions / members[0] / "history.jsonl").read_bytes()
+
+    class Crash(BaseException):
+        pass
+
+    real_rename, moves = os.rename, []
+
+    def rename(src, dst):
+        moves.append(src)
+        if len(moves) == 3:
+            raise Crash()
+        real_rename(src, dst)
+
+    monkeypatch.setattr(archive.os, "rename", rename)
+    with pytest.raises(Crash):
+        archive.run(ws)
+    monkeypatch.undo()
+    (ws.sessions / members[0]).mkdir()
+    (ws.sessions / members[0] / "note.txt").write_text("someone else's\n")
+    assert recover(ws) == [root]
+    assert not (ws.state / "archiving" / root).exists()
+    assert (ws.sessions / members[1] / "session.yaml").is_file()  # put back
+    assert os.listdir(ws.sessions / members[0]) == ["note.txt"]  # not touched
+    kept = ws.state / "archive-conflicts" / root / members[0]
+    assert (kept / "history.jsonl").read_bytes() == history  # not deleted
+    r = cli(ws, "archive", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["kept_aside"] == [f".primefs/archive-conflicts/{root}/{members[0]}"]
+    r = cli(ws, "archive")
+    assert "kept aside" in r.stdout and members[0] in r.stdout
