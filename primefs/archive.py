@@ -34,10 +34,11 @@ from pathlib import Path
 
 from . import __version__
 from .errors import PrimefsError
-from .eventindex import sync_events
+from . import summary as summaries
+from .eventindex import index_histories, sync_events
 from .fsutil import fsync_dir, write_atomic
 from .gitops import commit_paths, git
-from .index import ARCHIVING, Index
+from .index import ARCHIVING, Index, read_result, row_of
 from .summary import stat_key
 
 ARCHIVE = "archive"
@@ -158,9 +159,22 @@ def archive_tree(ws, index: Index, tree: dict, busy=lambda sid: False) -> bool:
         if _keys(stage / sid) != keys[sid] or _live_files(stage / sid) or busy(sid):
             roll_back(ws, stage)
             return False
+    _index_staged(index, stage, members)
     _write_zip(ws, stage, journal)  # 4
     _finish(ws, index, stage, journal)  # 5-7
     return True
+
+
+def _index_staged(index: Index, stage: Path, members: list[str]) -> None:
+    """The rows and events of the staged folders, as they go into the zip: what was appended between the
+    index's last look and step 1 is found too (their files no longer change)."""
+    rows = []
+    for sid in members:
+        folder = stage / sid
+        s = summaries.fresh(folder, write=False)
+        rows.append(row_of(s, read_result(folder), [s["history"], s["meta_key"], stat_key(folder / "result.md")]))
+    index.write(index.store, rows, [])
+    index_histories(index, {sid: stage / sid for sid in members}, members)
 
 
 def _write_zip(ws, stage: Path, journal: dict) -> None:

@@ -12,7 +12,7 @@ from . import summary as summaries
 from .errors import PrimefsError
 from .eventindex import EventIndexer
 from .history import events_of
-from .index import Index
+from .index import Index, row_of
 from .session import find_session
 from .summary import stat_key
 
@@ -146,7 +146,7 @@ def index_archive(index: Index, place: str, events: bool = True, only: list[str]
     for sid, (history, meta, result) in contents.items():
         if (index.sessions_dir / sid).is_dir():  # unzipped back into sessions/: the folder is what counts
             continue
-        rows.append(index.row_of(summaries.of_contents(sid, history, meta), result, [None, None, None], place))
+        rows.append(row_of(summaries.of_contents(sid, history, meta), result, [None, None, None], place))
 
     def store(db):
         index.store(db, rows, [])

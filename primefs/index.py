@@ -82,6 +82,27 @@ def session_ids(sessions_dir: Path) -> list[str]:
         return []
 
 
+def moving(root: Path) -> set[str]:
+    """Ids of the session folders on their way into an archive (.primefs/archiving/<root>/<id>)."""
+    out: set[str] = set()
+    try:
+        with os.scandir(Path(root) / ".primefs" / ARCHIVING) as stages:
+            for stage in stages:
+                if stage.is_dir():
+                    out.update(session_ids(Path(stage.path)))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return out
+
+
+def row_of(s: dict, result: str | None, keys: list, place: str = "") -> dict:
+    meta = s["meta"]
+    last = s["last"] or {}
+    return {"id": s["id"], **{k: meta.get(k) for k in META}, "turns": s["turns"], "events": s["events"],
+            "usage": summaries.usage(s), "last": s["last"], "last_ts": last.get("ts"), "broken": s["broken"],
+            "result": result, "keys": json.dumps(keys), "place": place, "marks": None}
+
+
 class Entry:
     """A session as the index has it: `id`, `meta` (the session.yaml fields status shows), `row`
     (turns, result, usage, last event)."""
@@ -223,12 +244,12 @@ class Index:
             folder = self.sessions_dir / sid
             s = summaries.fresh(folder)
             keys = [s["history"], s["meta_key"], keys[2]]  # what the summary counted, exactly
-            out[sid] = self.row_of(s, read_result(folder), keys)
+            out[sid] = row_of(s, read_result(folder), keys)
             changed.append(out[sid])
         gone = [] if ids is not None else [sid for sid, (_, place) in known.items() if place == "" and sid not in out]
         if gone:  # a folder being archived is still a session: its row waits for its zip (archive.py step 5)
-            moving = self.moving()
-            gone = [sid for sid in gone if sid not in moving]
+            staged = moving(self.root)
+            gone = [sid for sid in gone if sid not in staged]
         if changed or gone:
             self.write(self.store, changed, gone)
         missing = [sid for sid, row in out.items() if row is None]
@@ -236,26 +257,6 @@ class Index:
             stored = self.rows(None if ids is None else missing, light=meta_only or light)
             out.update((sid, stored[sid]) for sid in missing if sid in stored)
         return out
-
-    def moving(self) -> set[str]:
-        """Ids of the session folders on their way into an archive (.primefs/archiving/<root>/<id>)."""
-        out: set[str] = set()
-        try:
-            with os.scandir(self.root / ".primefs" / ARCHIVING) as stages:
-                for stage in stages:
-                    if stage.is_dir():
-                        out.update(session_ids(Path(stage.path)))
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        return out
-
-    @staticmethod
-    def row_of(s: dict, result: str | None, keys: list, place: str = "") -> dict:
-        meta = s["meta"]
-        last = s["last"] or {}
-        return {"id": s["id"], **{k: meta.get(k) for k in META}, "turns": s["turns"], "events": s["events"],
-                "usage": summaries.usage(s), "last": s["last"], "last_ts": last.get("ts"), "broken": s["broken"],
-                "result": result, "keys": json.dumps(keys), "place": place, "marks": None}
 
     @staticmethod
     def store(db, rows: list[dict], gone: list[str]) -> None:
@@ -293,8 +294,7 @@ class Index:
                                                  [(json.dumps(m), sid) for sid, m in marks.items()]))
 
     def sync_new(self) -> None:
-        """Rows for session folders the index does not know yet, and rows of broken session.yaml files
-        looked at again (one may have been mended by hand): one directory listing."""
+        """Rows of folders the index does not know, and of broken session.yaml files (mended?): one listing."""
         present = session_ids(self.sessions_dir)
         known = dict(self.run(lambda db: db.execute("SELECT id, broken IS NOT NULL FROM sessions").fetchall()))
         todo = [sid for sid in present if known.get(sid, True)]
@@ -302,10 +302,8 @@ class Index:
             self.sync(todo)
 
     def refresh(self) -> None:
-        """Rows of new folders, and of sessions whose session.yaml changed (a name, a parent edited by
-        hand, a broken file mended), brought up to date: one directory listing and one stat per session
-        (0.05 s at 10,000 sessions), before a question about names or trees. Rows of folders that are
-        gone stay until a full sync."""
+        """Rows of new folders and of sessions whose session.yaml changed (a name or parent edited by hand,
+        a broken file mended) brought up to date: one stat per session (0.05 s at 10,000 sessions)."""
         present = session_ids(self.sessions_dir)
         known = dict(self.run(lambda db: db.execute(  # session.yaml's stat as stored, in json.dumps's spelling
             "SELECT id, json_extract(keys, '$[1]') FROM sessions WHERE place = ''").fetchall()))
@@ -318,9 +316,8 @@ class Index:
             self.sync(changed)
 
     def find(self, name: str, archived: bool = False) -> str | None:
-        """The newest readable session with this name in sessions/ (or also archived ones). New folders
-        and mended session.yaml files are looked at first; a hit is checked against its session.yaml
-        (renamed by hand since: asked again), a miss asked again after refresh() (renamed to this name)."""
+        """The newest readable session with this name in sessions/ (or also archived ones). A hit is checked
+        against its session.yaml (renamed by hand since: asked again); a miss asked again after refresh()."""
         self.sync_new()
         where = "" if archived else " AND place = ''"
 
@@ -335,10 +332,8 @@ class Index:
             key = None if place else stat_key(f"{self.sessions_dir}/{sid}/session.yaml")
             if place or json.loads(keys)[1] == key:
                 return sid  # as its file says (an archived one no longer changes)
-            if key is None and sid not in self.moving():
-                self.write(self.store, [], [sid])  # its folder is gone
-            else:
-                self.sync([sid])  # edited since it was read: its row brought up to date, then asked again
+            gone = key is None and sid not in moving(self.root)  # else edited since it was read: brought up to date
+            self.write(self.store, [], [sid]) if gone else self.sync([sid])
         self.refresh()
         row = ask()
         return row[0] if row else None
@@ -349,8 +344,7 @@ class Index:
         return dict(self.run(lambda db: db.execute("SELECT id, name FROM sessions WHERE broken IS NULL").fetchall()))
 
     def subtree(self, sid: str) -> list[str]:
-        """`sid` and its descendants as the index knows them (parents first): call refresh() first for
-        what the files say now."""
+        """`sid` and its descendants as the index knows them (parents first; refresh() first if it must be now)."""
         out, frontier = [sid], [sid]
         while frontier:
             kids = self.run(lambda db: [r[0] for r in db.execute(

@@ -329,3 +329,27 @@ def test_a_roll_back_never_deletes_a_folder_it_cannot_put_back(ws, monkeypatch):
     assert r.returncode == 0 and json.loads(r.stdout)["kept_aside"] == [f".primefs/archive-conflicts/{root}/{members[0]}"]
     r = cli(ws, "archive")
     assert "kept aside" in r.stdout and members[0] in r.stdout
+
+
+def test_events_appended_just_before_the_move_are_indexed_with_the_tree(ws, monkeypatch):
+    """A line appended after the index's last look but before the tree's snapshot (step 1) goes into the
+    zip, and into the index with it: `logs` finds it."""
+    ws = fan_out(ws)
+    [(root, members)] = trees(ws).items()
+    real_keys = archive._keys
+
+    def keys(folder):
+        if folder.parent == ws.sessions:  # step 1's snapshot, the folder still in sessions/
+            Session(folder).history.append("note", text=f"lastword{folder.name[-3:]}")
+        return real_keys(folder)
+
+    monkeypatch.setattr(archive, "_keys", keys)
+    assert archive.run(ws)["sessions"] == 4
+    monkeypatch.undo()
+    with zipfile.ZipFile(ws.root / "archive" / f"{root}.zip") as z:
+        lines = sum(len(z.read(f"sessions/{sid}/history.jsonl").splitlines()) for sid in members)
+        assert all(b"lastword" in z.read(f"sessions/{sid}/history.jsonl") for sid in members)
+    assert json.loads(cli(ws, "logs", "--counts", "--json").stdout)["events"] == lines
+    r = cli(ws, "logs", "--json", "-n", "0", "-q", "lastword*")
+    assert r.returncode == 0, r.stderr
+    assert sorted(e["session"] for e in json.loads(r.stdout)) == sorted(members)
