@@ -130,14 +130,15 @@ class PrivateIndex:
             based = self.base.read_text().strip()
         except OSError:
             based = ""
-        if based != head or not self.path.exists():  # HEAD moved (a harness or user commit): start over
-            self._git("read-tree", head)
-            self.base.write_text(head + "\n")
+        if based != head or not self.path.exists():  # HEAD moved (a harness or user commit), or a commit was
+            self._git("read-tree", head)             # cut off before its base was written: start over from HEAD
         theirs, mine = self._entries(spec, private=False), self._entries(spec, private=True)
         lines = [f"{entry}\t{path}" for path, entry in theirs.items() if mine.get(path) != entry]
         lines += [f"0 {'0' * 40}\t{path}" for path in mine if path not in theirs]
         if not lines:
+            self.base.write_text(head + "\n")  # the index holds HEAD's tree exactly
             return False
+        self.base.unlink(missing_ok=True)  # the index no longer holds a commit until HEAD points at the new one
         self._git("update-index", "-z", "--index-info", input="".join(line + "\0" for line in lines))
         tree = self._git("write-tree").stdout.strip()
         commit = self._git("commit-tree", tree, "-p", head, "-F", "-", input=message).stdout.strip()
