@@ -34,10 +34,11 @@ from pathlib import Path
 
 from . import __version__
 from .errors import PrimefsError
-from .eventindex import sync_events
+from . import summary as summaries
+from .eventindex import index_histories, sync_events
 from .fsutil import fsync_dir, write_atomic
 from .gitops import commit_paths, git
-from .index import Index
+from .index import ARCHIVING, Index, read_result, row_of
 from .summary import stat_key
 
 ARCHIVE = "archive"
@@ -47,8 +48,20 @@ DEFAULT_STATUSES = ("done", "stopped", "failed")
 RUNTIME = ("kernel", "summary.json", "stop.request", "refine.request")  # never archived
 
 
+CONFLICTS = "archive-conflicts"  # .primefs/archive-conflicts/<root>/: what a roll-back could not put back
+
+
 def staging(ws) -> Path:
-    return ws.state / "archiving"
+    return ws.state / ARCHIVING
+
+
+def conflicts(ws) -> list[str]:
+    """Workspace-relative paths a roll-back kept aside (their place was taken meanwhile): for the user."""
+    folder = ws.state / CONFLICTS
+    if not folder.is_dir():
+        return []
+    return sorted(p.relative_to(ws.root).as_posix() for root in folder.iterdir() if root.is_dir()
+                  for p in root.iterdir())
 
 
 def _trees(rows: dict[str, dict]) -> dict[str, list[str]]:
@@ -146,9 +159,22 @@ def archive_tree(ws, index: Index, tree: dict, busy=lambda sid: False) -> bool:
         if _keys(stage / sid) != keys[sid] or _live_files(stage / sid) or busy(sid):
             roll_back(ws, stage)
             return False
+    _index_staged(index, stage, members)
     _write_zip(ws, stage, journal)  # 4
     _finish(ws, index, stage, journal)  # 5-7
     return True
+
+
+def _index_staged(index: Index, stage: Path, members: list[str]) -> None:
+    """The rows and events of the staged folders, as they go into the zip: what was appended between the
+    index's last look and step 1 is found too (their files no longer change)."""
+    rows = []
+    for sid in members:
+        folder = stage / sid
+        s = summaries.fresh(folder, write=False)
+        rows.append(row_of(s, read_result(folder), [s["history"], s["meta_key"], stat_key(folder / "result.md")]))
+    index.write(index.store, rows, [])
+    index_histories(index, {sid: stage / sid for sid in members}, members)
 
 
 def _write_zip(ws, stage: Path, journal: dict) -> None:
@@ -179,31 +205,65 @@ def _write_zip(ws, stage: Path, journal: dict) -> None:
 
 def _finish(ws, index: Index, stage: Path, journal: dict) -> None:
     members = journal["sessions"]
-    index.write(lambda db: db.execute("UPDATE sessions SET place = ? WHERE id IN (SELECT value FROM json_each(?))",
-                                      (journal["file"], json.dumps(members))))  # 5
+    stat = stat_key(ws.root / journal["file"])
+
+    def point_at_zip(db):  # 5. Rows missing here (the index rebuilt meanwhile), or this write locked out:
+        # sync_archives compares the manifest with the rows and adds what is missing (archived.py)
+        db.execute("UPDATE sessions SET place = ? WHERE id IN (SELECT value FROM json_each(?))",
+                   (journal["file"], json.dumps(members)))
+        db.execute("INSERT OR REPLACE INTO archives (place, stat, sessions) VALUES (?, ?, ?)",
+                   (journal["file"], json.dumps(stat), json.dumps(members)))
+
+    index.write(point_at_zip)
     paths = [f"sessions/{sid}" for sid in members] + ([journal["goal"]] if journal["goal"] else [])
     tracked = git(ws.root, "ls-files", "-z", "--", *paths, check=False).stdout.split("\0")
     paths = [p for p in paths if any(t == p or t.startswith(p + "/") for t in tracked)]  # git add refuses others
-    commit_paths(ws.root, [journal["file"], *paths],
-                 f"archive: {journal['root']} ({journal['name']}), {len(members)} session(s) -> {journal['file']}")  # 6
+    commit_paths(ws.root, [journal["file"], *paths],  # 6: whole folders, their harness/ too (it left with them)
+                 f"archive: {journal['root']} ({journal['name']}), {len(members)} session(s) -> {journal['file']}",
+                 harness=True)
     shutil.rmtree(stage)  # 7
 
 
-def roll_back(ws, stage: Path) -> None:
-    """Everything of a tree whose zip was never finished goes back where it was."""
+def roll_back(ws, stage: Path) -> list[str]:
+    """Everything of a tree whose zip was never finished goes back where it was. A folder or goal file
+    whose place was taken meanwhile (a session of that id back in sessions/) is never deleted: it is
+    kept aside in .primefs/archive-conflicts/<root>/. Returns what was kept aside."""
     try:
         journal = json.loads((stage / "journal.json").read_text())
     except (OSError, ValueError):  # cut off before the journal was written: nothing was moved yet
-        shutil.rmtree(stage, ignore_errors=True)
-        return
-    for sid in journal["sessions"]:
-        if (stage / sid).exists() and not (ws.sessions / sid).exists():
-            os.rename(stage / sid, ws.sessions / sid)
-    goal = journal.get("goal")
-    if goal and (stage / goal).exists() and not (ws.root / goal).exists():
-        os.rename(stage / goal, ws.root / goal)
+        return _clear(ws, stage, [])
+    aside: list[str] = []
+    moves = [(stage / sid, ws.sessions / sid) for sid in journal["sessions"]]
+    if journal.get("goal"):
+        moves.append((stage / journal["goal"], ws.root / journal["goal"]))
+    for src, dst in moves:
+        if not src.exists():
+            continue
+        if not dst.exists():
+            os.rename(src, dst)
+            continue
+        _keep_aside(ws, stage.name, src, src.relative_to(stage).as_posix().replace("/", "--"), aside)
     (ws.root / (journal["file"] + ".tmp")).unlink(missing_ok=True)
-    shutil.rmtree(stage)
+    return _clear(ws, stage, aside)
+
+
+def _keep_aside(ws, root: str, src: Path, name: str, aside: list[str]) -> None:
+    kept = ws.state / CONFLICTS / root / name
+    if kept.exists():
+        kept = kept.with_name(f"{kept.name}.{secrets.token_hex(3)}")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(src, kept)
+    aside.append(kept.relative_to(ws.root).as_posix())
+
+
+def _clear(ws, stage: Path, aside: list[str]) -> list[str]:
+    """The stage removed once only its journal is left; anything else in it is kept aside, not deleted."""
+    left = [p for p in stage.rglob("*") if p.is_file() and not p.name.startswith("journal.json")]
+    if left:
+        _keep_aside(ws, stage.name, stage, "left-in-stage", aside)
+    else:
+        shutil.rmtree(stage)
+    return aside
 
 
 def recover(ws, index: Index | None = None) -> list[str]:
@@ -251,9 +311,11 @@ def run(ws, *, before: float | None = None, statuses=DEFAULT_STATUSES, dry_run: 
                 skipped["something arrived while archiving"] += 1
     finally:
         index.close()
-    return {"dry_run": dry_run, "trees": [{k: t[k] for k in ("root", "name", "file", "goal")} | {"sessions": len(
+    out = {"dry_run": dry_run, "trees": [{k: t[k] for k in ("root", "name", "file", "goal")} | {"sessions": len(
         t["sessions"])} for t in archived], "sessions": sum(len(t["sessions"]) for t in archived),
         "skipped": dict(skipped)}
+    kept = conflicts(ws)
+    return out | ({"kept_aside": kept} if kept else {})
 
 
 # -- with a runner running: it does the work (it knows which sessions are in use) -------------------------

@@ -12,8 +12,9 @@ from . import summary as summaries
 from .errors import PrimefsError
 from .eventindex import EventIndexer
 from .history import events_of
-from .index import Index
+from .index import Index, row_of
 from .session import find_session
+from .summary import stat_key
 
 ARCHIVE, MANIFEST = "archive", "primefs-archive.json"
 
@@ -91,46 +92,78 @@ def find_readable(ws, key: str):
 
 
 def sync_archives(index: Index, events: bool = True) -> int:
-    """Rows (and events) of the archives the index does not know (e.g. after it was deleted); rows of
-    archives that are gone are dropped. One listing of archive/ when nothing changed. Returns sessions added."""
+    """Rows (and events) of archived sessions the index lacks: archives it does not know (e.g. after it
+    was deleted), or whose manifest names sessions without their row (dropped while the tree was moving,
+    or a step-5 write locked out: archive.py); rows of archives that are gone are dropped. One listing of
+    archive/, a stat per archive and one query when nothing changed. Returns sessions added."""
     folder = index.root / ARCHIVE
-    present = sorted(f"{ARCHIVE}/{p.name}" for p in folder.glob("*.zip")) if folder.is_dir() else []
-    known = set(index.run(lambda db: [r[0] for r in db.execute("SELECT DISTINCT place FROM sessions WHERE place != ''")]))
-    gone = sorted(known - set(present))
+    present = {f"{ARCHIVE}/{p.name}": stat_key(p) for p in sorted(folder.glob("*.zip"))} if folder.is_dir() else {}
+
+    def read(db):
+        have: dict[str, set] = {}
+        for sid, place in db.execute("SELECT id, place FROM sessions WHERE place != ''"):
+            have.setdefault(place, set()).add(sid)
+        known = {place: (json.loads(stat), json.loads(sids))
+                 for place, stat, sids in db.execute("SELECT place, stat, sessions FROM archives")}
+        return have, known
+
+    have, known = index.run(read)
+    gone = sorted((set(have) | set(known)) - set(present))
     if gone:
         def drop(db):
             for place in gone:
                 db.execute("DELETE FROM events WHERE session IN (SELECT key FROM sessions WHERE place = ?)", (place,))
                 db.execute("DELETE FROM sessions WHERE place = ?", (place,))
+                db.execute("DELETE FROM archives WHERE place = ?", (place,))
         index.write(drop)
     added = 0
-    for place in (p for p in present if p not in known):
-        added += index_archive(index, place, events)
+    for place, stat in present.items():
+        if place not in known or known[place][0] != stat:  # new, or another file: its manifest read
+            added += index_archive(index, place, events)
+            continue
+        missing = [sid for sid in known[place][1] if sid not in have.get(place, ())
+                   and not (index.sessions_dir / sid).is_dir()]  # a folder unzipped back into sessions/ counts
+        if missing:
+            added += index_archive(index, place, events, only=missing)
     return added
 
 
-def index_archive(index: Index, place: str, events: bool = True) -> int:
-    """Rows (and events) of one archive file. Returns its sessions."""
+def index_archive(index: Index, place: str, events: bool = True, only: list[str] | None = None) -> int:
+    """Rows (and events) of one archive file (`only`: of these of its sessions); the file and the
+    sessions its manifest names are remembered. Returns the sessions stored."""
+    stat = stat_key(index.root / place)  # before reading: a file replaced meanwhile is read again next time
     try:
         with zipfile.ZipFile(index.root / place) as z:
             manifest = json.loads(z.read(MANIFEST))
+            names = set(z.namelist())
             contents = {sid: (z.read(f"sessions/{sid}/history.jsonl"), z.read(f"sessions/{sid}/session.yaml").decode(
                 "utf-8", "replace"), z.read(f"sessions/{sid}/result.md").decode("utf-8", "replace")
-                if f"sessions/{sid}/result.md" in z.namelist() else None) for sid in manifest["sessions"]}
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+                if f"sessions/{sid}/result.md" in names else None)
+                for sid in manifest["sessions"] if only is None or sid in only}
+    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile):
         return 0  # not one of ours, or damaged: left alone
     rows = []
     for sid, (history, meta, result) in contents.items():
         if (index.sessions_dir / sid).is_dir():  # unzipped back into sessions/: the folder is what counts
             continue
-        rows.append(index.row_of(summaries.of_contents(sid, history, meta), result, [None, None, None], place))
-    index.write(index.store, rows, [])
+        rows.append(row_of(summaries.of_contents(sid, history, meta), result, [None, None, None], place))
+
+    def store(db):
+        index.store(db, rows, [])
+        db.execute("INSERT OR REPLACE INTO archives (place, stat, sessions) VALUES (?, ?, ?)",
+                   (place, json.dumps(stat), json.dumps(list(manifest["sessions"]))))
+
+    index.write(store)
     if events:
-        keys = dict(index.run(lambda db: db.execute("SELECT id, key FROM sessions WHERE place = ?", (place,)).fetchall()))
+        stored = {r[0]: r[1:] for r in index.run(lambda db: db.execute(
+            "SELECT id, key, indexed, indexed_check FROM sessions WHERE place = ?", (place,)).fetchall())}
         indexer = EventIndexer(index)
         for row in rows:
-            history = contents[row["id"]][0]
-            indexer.session(keys[row["id"]], row["model"], io.BytesIO(history), len(history), 0, "")
+            if row["id"] not in stored:  # the write above was locked out: next time
+                continue
+            key, indexed, check = stored[row["id"]]
+            history = contents[row["id"]][0]  # as far as its row says (another process may be doing the same)
+            indexer.session(key, row["model"], io.BytesIO(history), len(history), indexed, check)
         indexer.flush()
     return len(rows)
 

@@ -57,3 +57,6 @@ def archive_cmd(ctx, before, statuses, dry_run, timeout, as_json):
         click.echo(f"  {t['root']} ({t['name']}): {t['sessions']:,} session(s) -> {t['file']}")
     if result["skipped"]:
         click.echo("left in sessions/: " + ", ".join(f"{n:,} tree(s) {why}" for why, n in sorted(result["skipped"].items())))
+    if result.get("kept_aside"):
+        click.echo("kept aside (a session or goal of the same name came back while its tree was put back; "
+                   "look, then move or delete): " + ", ".join(result["kept_aside"]))

@@ -81,7 +81,7 @@ def _sessions(index: Index, keys: tuple, tree: bool) -> list[str] | None:
         if tree:
             raise PrimefsError("--tree needs --session SESSION")
         return None
-    index.sync_new()
+    index.refresh()  # a name or parent edited by hand counts
     out: list[str] = []
     for key in keys:
         row = index.run(lambda db: db.execute(

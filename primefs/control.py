@@ -36,7 +36,7 @@ def descendants(ws: Workspace, sid: str) -> list[str]:
     """From the index (new session folders looked at first): no session.yaml of the workspace parsed."""
     index = Index(ws.root)
     try:
-        index.sync_new()
+        index.refresh()  # a parent edited by hand, a broken session.yaml mended: what the files say
         return [d for d in index.subtree(sid)[1:] if (ws.sessions / d).is_dir()]
     finally:
         index.close()

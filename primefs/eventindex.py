@@ -24,22 +24,25 @@ def event_text(e: dict) -> str:
 
 
 class EventIndexer:
-    """Adds the new lines of histories to the events table, in batches."""
+    """Adds the new lines of histories to the events table, in batches. A session's events are stored
+    only if its row still says what was read before (offset and check): another writer that indexed
+    the same lines meanwhile (two commands at once) made its row move on, and this one skips them."""
 
     def __init__(self, index: Index):
         self.index = index
-        self.events: list[tuple] = []
-        self.texts: list[tuple] = []
-        self.offsets: list[tuple] = []  # (indexed, indexed_check, session key)
-        self.resets: list[int] = []  # session keys whose events are indexed again from the start
+        self.queued: list[tuple] = []  # (key, (indexed, check) as read, (indexed, check) new, reset, events, texts)
+        self.count = 0
         self.added = 0
 
     def session(self, key: int, model: str | None, f, size: int, indexed: int, check: str) -> None:
-        """Queue the events of one open history `f` from `indexed` (its row's offset) to `size`."""
-        if not still_there(f, indexed, check, size):
-            self.resets.append(key)
+        """Queue the events of one open history `f` from `indexed` (its row's offset, with `check` its
+        row's indexed_check) to `size`."""
+        was = (indexed, check)
+        reset = not still_there(f, indexed, check, size)
+        if reset:
             indexed = 0
         offset = indexed
+        events, texts = [], []
         for end, line in iter_lines(f, indexed, size):
             start, offset = offset, end
             try:
@@ -49,50 +52,63 @@ class EventIndexer:
             if not isinstance(e, dict):
                 continue
             n, ts = e.get("n"), e.get("ts")
-            self.events.append((key, n if isinstance(n, int) else None, ts if isinstance(ts, (int, float)) else None,
-                                str(e.get("type")), str(e.get("model") or model or ""), start, end - start))
-            self.texts.append(event_text(e))
-        self.offsets.append((offset, check_at(f, offset), key))
-        if len(self.events) >= BATCH:
+            events.append((key, n if isinstance(n, int) else None, ts if isinstance(ts, (int, float)) else None,
+                           str(e.get("type")), str(e.get("model") or model or ""), start, end - start))
+            texts.append(event_text(e))
+        self.queued.append((key, was, (offset, check_at(f, offset)), reset, events, texts))
+        self.count += len(events)
+        if self.count >= BATCH:
             self.flush()
 
     def flush(self) -> None:
-        if not (self.events or self.offsets):
+        if not self.queued:
             return
-        events, texts, offsets, resets = self.events, self.texts, self.offsets, self.resets
-        self.events, self.texts, self.offsets, self.resets = [], [], [], []
+        queued, self.queued, self.count = self.queued, [], 0
+        added = 0
 
         def store(db):
-            for key in resets:  # their text entries stay behind, matched to no event (ids are never reused)
-                db.execute("DELETE FROM events WHERE session = ?", (key,))
-            for event, text in zip(events, texts):
-                cur = db.execute("INSERT INTO events (session, n, ts, type, model, pos, len) VALUES (?,?,?,?,?,?,?)",
-                                 event)
-                if text:
-                    db.execute("INSERT INTO events_text (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
-            db.executemany("UPDATE sessions SET indexed = ?, indexed_check = ? WHERE key = ?", offsets)
+            nonlocal added
+            added = 0
+            for key, (old, old_check), (new, new_check), reset, events, texts in queued:
+                if db.execute("UPDATE sessions SET indexed = ?, indexed_check = ? WHERE key = ? AND indexed = ? "
+                              "AND indexed_check = ?", (new, new_check, key, old, old_check)).rowcount != 1:
+                    continue  # another writer indexed these lines meanwhile (or the row is gone)
+                if reset:  # its text entries stay behind, matched to no event (ids are never reused)
+                    db.execute("DELETE FROM events WHERE session = ?", (key,))
+                for event, text in zip(events, texts):
+                    cur = db.execute("INSERT INTO events (session, n, ts, type, model, pos, len) VALUES (?,?,?,?,?,?,?)",
+                                     event)
+                    if text:
+                        db.execute("INSERT INTO events_text (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
+                added += len(events)
 
         if not self.index.write(store):
             return  # locked by another writer all along: these are read again next time
-        self.added += len(events)
+        self.added += added
 
 
 def sync_events(index: Index, ids: list[str] | None = None) -> int:
     """Index the events appended to these sessions' histories (default: every session in sessions/)
     since they were last indexed. Rows are brought up to date first. Returns events added."""
     rows = index.sync(ids, light=True)
+    return index_histories(index, {sid: index.sessions_dir / sid for sid in rows}, None if ids is None else list(rows))
+
+
+def index_histories(index: Index, folders: dict, ids: list[str] | None) -> int:
+    """Index what was appended to the histories of these sessions (id -> its folder, wherever it is now)
+    since their rows were last indexed; `ids`: the sessions to look at (None: every row in sessions/)."""
     todo = index.run(lambda db: db.execute(  # those whose history's size (keys[0][2]) is not what was indexed
         "SELECT key, id, model, indexed, indexed_check, keys FROM sessions WHERE place = '' "
         "AND indexed IS NOT json_extract(keys, '$[0][2]')" +
         ("" if ids is None else " AND id IN (SELECT value FROM json_each(?))"),
-        () if ids is None else (json.dumps(list(rows)),)).fetchall())
+        () if ids is None else (json.dumps(ids),)).fetchall())
     indexer = EventIndexer(index)
     for key, sid, model, indexed, check, keys in todo:
         history = json.loads(keys)[0]  # the history as the row's summary counted it (just brought up to date)
-        if sid not in rows or history is None or history[2] == indexed:
+        if sid not in folders or history is None or history[2] == indexed:
             continue  # all indexed (a file rewritten to the same size also changes the summary: reset below)
         try:
-            with open(index.sessions_dir / sid / "history.jsonl", "rb") as f:
+            with open(folders[sid] / "history.jsonl", "rb") as f:
                 indexer.session(key, model, f, f.seek(0, 2), indexed, check)
         except OSError:
             continue

@@ -58,7 +58,10 @@ def git(root: Path, *args: str, check: bool = True, input: str | None = None) ->
 RUNTIME = ("sessions/*/kernel/", "sessions/*/summary.json", "sessions/**/.*.tmp")
 
 
-def pathspec(paths: list[str]) -> list[str]:
+def pathspec(paths: list[str], harness: bool = False) -> list[str]:
+    """These paths, without the harness folders of the session folders among them unless `harness`."""
+    if harness:
+        return list(paths)
     return list(paths) + [f":(exclude){p}/harness" for p in paths if p.startswith("sessions/") and p.count("/") == 1]
 
 
@@ -76,13 +79,14 @@ def ignore_runtime(root: Path) -> None:
         pass
 
 
-def commit_paths(root: Path, paths: list[str], message: str) -> bool:
+def commit_paths(root: Path, paths: list[str], message: str, *, harness: bool = False) -> bool:
     """Stage and commit exactly these paths (never what else the user staged). False if nothing changed.
+    A session folder's harness/ is left to harness commits unless `harness` (a whole folder that leaves).
 
     The commit is built in a private index (.primefs/git-index, kept equal to HEAD) rather than with
     `git commit -- paths`, which refreshes every entry of the index (a stat of every file of every
     session: 0.2 s a commit at 10,000 sessions). The user's index gets these paths as committed."""
-    spec = pathspec(paths)
+    spec = pathspec(paths, harness)
     with commit_lock(root):
         git(root, "add", "-A", "--", *spec)
         index = PrivateIndex(root)
@@ -126,14 +130,15 @@ class PrivateIndex:
             based = self.base.read_text().strip()
         except OSError:
             based = ""
-        if based != head or not self.path.exists():  # HEAD moved (a harness or user commit): start over
-            self._git("read-tree", head)
-            self.base.write_text(head + "\n")
+        if based != head or not self.path.exists():  # HEAD moved (a harness or user commit), or a commit was
+            self._git("read-tree", head)             # cut off before its base was written: start over from HEAD
         theirs, mine = self._entries(spec, private=False), self._entries(spec, private=True)
         lines = [f"{entry}\t{path}" for path, entry in theirs.items() if mine.get(path) != entry]
         lines += [f"0 {'0' * 40}\t{path}" for path in mine if path not in theirs]
         if not lines:
+            self.base.write_text(head + "\n")  # the index holds HEAD's tree exactly
             return False
+        self.base.unlink(missing_ok=True)  # the index no longer holds a commit until HEAD points at the new one
         self._git("update-index", "-z", "--index-info", input="".join(line + "\0" for line in lines))
         tree = self._git("write-tree").stdout.strip()
         commit = self._git("commit-tree", tree, "-p", head, "-F", "-", input=message).stdout.strip()

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import summary as summaries
 from .summary import META, stat_key
 
-VERSION = 4  # PRAGMA user_version: another version is dropped and rebuilt
+VERSION = 5  # PRAGMA user_version: another version is dropped and rebuilt
 FILE = "index.sqlite"
 SCHEMA = """
 CREATE TABLE sessions (
@@ -46,10 +46,16 @@ CREATE INDEX events_session ON events(session, pos);
 CREATE INDEX events_ts ON events(ts);
 CREATE INDEX events_type ON events(type, model, session);  -- covers -t/-m filters and --counts
 CREATE VIRTUAL TABLE events_text USING fts5(text, content='');
+CREATE TABLE archives (
+  place TEXT PRIMARY KEY,                 -- archive/<root>.zip
+  stat TEXT,                              -- the stat of the file when its manifest was read
+  sessions TEXT NOT NULL                  -- the session ids its manifest names (archived.sync_archives)
+);
 """
 COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
 LIGHT = ("id", "parent", "status", "goal", "broken", "place")  # what the runner's start needs
 BUSY_S = 10.0
+ARCHIVING = "archiving"  # .primefs/archiving/<root>/<id>: a folder on its way into a zip (archive.py)
 
 
 def broken_database(exc: Exception) -> bool:
@@ -74,6 +80,27 @@ def session_ids(sessions_dir: Path) -> list[str]:
             return sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir())
     except FileNotFoundError:
         return []
+
+
+def moving(root: Path) -> set[str]:
+    """Ids of the session folders on their way into an archive (.primefs/archiving/<root>/<id>)."""
+    out: set[str] = set()
+    try:
+        with os.scandir(Path(root) / ".primefs" / ARCHIVING) as stages:
+            for stage in stages:
+                if stage.is_dir():
+                    out.update(session_ids(Path(stage.path)))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return out
+
+
+def row_of(s: dict, result: str | None, keys: list, place: str = "") -> dict:
+    meta = s["meta"]
+    last = s["last"] or {}
+    return {"id": s["id"], **{k: meta.get(k) for k in META}, "turns": s["turns"], "events": s["events"],
+            "usage": summaries.usage(s), "last": s["last"], "last_ts": last.get("ts"), "broken": s["broken"],
+            "result": result, "keys": json.dumps(keys), "place": place, "marks": None}
 
 
 class Entry:
@@ -134,7 +161,7 @@ class Index:
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
-        db.execute("SELECT 1 FROM sessions, events, events_text LIMIT 0")  # damaged tables fail here
+        db.execute("SELECT 1 FROM sessions, events, events_text, archives LIMIT 0")  # damaged tables fail here
         db.execute("PRAGMA synchronous=NORMAL")
 
     def remove_files(self) -> None:
@@ -217,9 +244,12 @@ class Index:
             folder = self.sessions_dir / sid
             s = summaries.fresh(folder)
             keys = [s["history"], s["meta_key"], keys[2]]  # what the summary counted, exactly
-            out[sid] = self.row_of(s, read_result(folder), keys)
+            out[sid] = row_of(s, read_result(folder), keys)
             changed.append(out[sid])
         gone = [] if ids is not None else [sid for sid, (_, place) in known.items() if place == "" and sid not in out]
+        if gone:  # a folder being archived is still a session: its row waits for its zip (archive.py step 5)
+            staged = moving(self.root)
+            gone = [sid for sid in gone if sid not in staged]
         if changed or gone:
             self.write(self.store, changed, gone)
         missing = [sid for sid, row in out.items() if row is None]
@@ -227,14 +257,6 @@ class Index:
             stored = self.rows(None if ids is None else missing, light=meta_only or light)
             out.update((sid, stored[sid]) for sid in missing if sid in stored)
         return out
-
-    @staticmethod
-    def row_of(s: dict, result: str | None, keys: list, place: str = "") -> dict:
-        meta = s["meta"]
-        last = s["last"] or {}
-        return {"id": s["id"], **{k: meta.get(k) for k in META}, "turns": s["turns"], "events": s["events"],
-                "usage": summaries.usage(s), "last": s["last"], "last_ts": last.get("ts"), "broken": s["broken"],
-                "result": result, "keys": json.dumps(keys), "place": place, "marks": None}
 
     @staticmethod
     def store(db, rows: list[dict], gone: list[str]) -> None:
@@ -272,29 +294,57 @@ class Index:
                                                  [(json.dumps(m), sid) for sid, m in marks.items()]))
 
     def sync_new(self) -> None:
-        """Rows for session folders the index does not know yet (one directory listing)."""
+        """Rows of folders the index does not know, and of broken session.yaml files (mended?): one listing."""
         present = session_ids(self.sessions_dir)
-        known = set(self.run(lambda db: [r[0] for r in db.execute("SELECT id FROM sessions")]))
-        new = [sid for sid in present if sid not in known]
-        if new:
-            self.sync(new)
+        known = dict(self.run(lambda db: db.execute("SELECT id, broken IS NOT NULL FROM sessions").fetchall()))
+        todo = [sid for sid in present if known.get(sid, True)]
+        if todo:
+            self.sync(todo)
+
+    def refresh(self) -> None:
+        """Rows of new folders and of sessions whose session.yaml changed (a name or parent edited by hand,
+        a broken file mended) brought up to date: one stat per session (0.05 s at 10,000 sessions)."""
+        present = session_ids(self.sessions_dir)
+        known = dict(self.run(lambda db: db.execute(  # session.yaml's stat as stored, in json.dumps's spelling
+            "SELECT id, json_extract(keys, '$[1]') FROM sessions WHERE place = ''").fetchall()))
+        changed = []
+        for sid in present:
+            key = stat_key(f"{self.sessions_dir}/{sid}/session.yaml")
+            if key is not None and known.get(sid) != f"[{key[0]},{key[1]},{key[2]}]":
+                changed.append(sid)
+        if changed:
+            self.sync(changed)
 
     def find(self, name: str, archived: bool = False) -> str | None:
-        """The newest readable session with this name in sessions/ (or also archived ones); new folders
-        are looked at first."""
+        """The newest readable session with this name in sessions/ (or also archived ones). A hit is checked
+        against its session.yaml (renamed by hand since: asked again); a miss asked again after refresh()."""
         self.sync_new()
         where = "" if archived else " AND place = ''"
-        row = self.run(lambda db: db.execute(f"SELECT id FROM sessions WHERE name = ? AND broken IS NULL{where} "
-                                             "ORDER BY id DESC LIMIT 1", (name,)).fetchone())
+
+        def ask():
+            return self.run(lambda db: db.execute(f"SELECT id, keys, place FROM sessions WHERE name = ? AND broken "
+                                                  f"IS NULL{where} ORDER BY id DESC LIMIT 1", (name,)).fetchone())
+        for _ in range(3):
+            row = ask()
+            if row is None:
+                break
+            sid, keys, place = row
+            key = None if place else stat_key(f"{self.sessions_dir}/{sid}/session.yaml")
+            if place or json.loads(keys)[1] == key:
+                return sid  # as its file says (an archived one no longer changes)
+            gone = key is None and sid not in moving(self.root)  # else edited since it was read: brought up to date
+            self.write(self.store, [], [sid]) if gone else self.sync([sid])
+        self.refresh()
+        row = ask()
         return row[0] if row else None
 
     def names(self) -> dict[str, str]:
-        """id -> name of every readable session (new folders looked at first)."""
-        self.sync_new()
+        """id -> name of every readable session (new folders and changed session.yaml files looked at first)."""
+        self.refresh()
         return dict(self.run(lambda db: db.execute("SELECT id, name FROM sessions WHERE broken IS NULL").fetchall()))
 
     def subtree(self, sid: str) -> list[str]:
-        """`sid` and its descendants as the index knows them (parents first)."""
+        """`sid` and its descendants as the index knows them (parents first; refresh() first if it must be now)."""
         out, frontier = [sid], [sid]
         while frontier:
             kids = self.run(lambda db: [r[0] for r in db.execute(
@@ -306,7 +356,8 @@ class Index:
         return out
 
     def tree(self, sid: str) -> dict[str, dict]:
-        """Current rows of `sid` and all its descendants: new folders and the tree's own files looked at."""
+        """Current rows of `sid` and all its descendants: new folders, mended session.yaml files and the
+        tree's own files looked at (not the session.yaml of every session: `usage` stays fast)."""
         self.sync_new()
         return self.sync(self.subtree(sid))
 

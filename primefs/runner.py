@@ -320,6 +320,8 @@ class Runner:
         which sessions were cut off or have mail waiting (alive.py: finished sessions are not loaded)."""
         for root in archive.recover(self.ws):
             self.log(f"archive of {root}: finished or undone after a crash")
+        for path in archive.conflicts(self.ws):
+            self.log(f"kept aside by an archive roll-back (its place was taken): {path}")
         self.alive.start()
 
     def _flush_commits(self) -> None:

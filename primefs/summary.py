@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import math
 import os
 from pathlib import Path
 
@@ -53,9 +54,10 @@ def empty(sid: str) -> dict:
 
 def _num(value, kind=float):
     try:
-        return kind(value or 0)
+        n = kind(value or 0)
     except (TypeError, ValueError, OverflowError):  # a hand-written event: counted as nothing
         return kind(0)
+    return n if math.isfinite(n) else kind(0)  # NaN or Infinity in a hand-written line: nothing either
 
 
 def fold(s: dict, e) -> None:
@@ -80,7 +82,7 @@ def fold(s: dict, e) -> None:
         per["seconds"] = round(per["seconds"] + _num(e.get("duration_s")), 4)
     elif t == "turn_start" and not e.get("resumed"):
         s["turns"] += 1
-    last = {"ts": e.get("ts") if isinstance(e.get("ts"), (int, float)) else None, "type": str(t)}
+    last = {"ts": e.get("ts") if _number(e.get("ts")) else None, "type": str(t)}
     if t == "turn_end" and e.get("outcome"):
         last["outcome"] = str(e["outcome"])
     s["last"] = last
@@ -177,19 +179,40 @@ def load(folder: Path) -> dict | None:
     return data if _well_formed(data) else None
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _well_formed(d: dict) -> bool:
-    """Every field of the type a summary has (a file edited by hand is rebuilt, not trusted)."""
+    """Every field of the type a summary has, down to each tool's counts and the last event (a file
+    edited by hand is rebuilt, not trusted: a wrong type would crash `usage`, `status` or `archive`)."""
     def key(v) -> bool:
-        return v is None or (isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) for x in v))
+        return v is None or (isinstance(v, list) and len(v) == 3 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v))
+
+    def tool(v) -> bool:
+        return (isinstance(v, dict) and set(v) == {"calls", "errors", "seconds"} and _number(v["seconds"])
+                and all(isinstance(v[k], int) and not isinstance(v[k], bool) and v[k] >= 0 for k in ("calls", "errors")))
+
+    def last(v) -> bool:
+        return v is None or (isinstance(v, dict) and set(v) <= {"ts", "type", "outcome"} and "type" in v
+                             and (v.get("ts") is None or _number(v["ts"]))
+                             and all(isinstance(v[k], str) for k in ("type", "outcome") if k in v))
+
+    def meta(v) -> bool:
+        return isinstance(v, dict) and set(v) <= set(META) and all(
+            x is None or isinstance(x, str) or (k == "depth" and _number(x)) for k, x in v.items())
 
     try:
         u = d["usage"]
         bytes.fromhex(d["check"])
         return (set(d) == set(empty("")) and set(u) == set(zero_usage()) and isinstance(u["tools"], dict)
-                and all(isinstance(u[k], (int, float)) for k in u if k != "tools")
-                and all(isinstance(d[k], int) and d[k] >= 0 for k in ("offset", "events", "turns"))
-                and key(d["history"]) and key(d["meta_key"]) and isinstance(d["meta"], dict)
-                and isinstance(d["last"], (dict, type(None))) and isinstance(d["broken"], (str, type(None))))
+                and all(_number(u[k]) for k in u if k != "tools")
+                and all(isinstance(n, str) and tool(v) for n, v in u["tools"].items())
+                and all(isinstance(d[k], int) and not isinstance(d[k], bool) and d[k] >= 0
+                        for k in ("offset", "events", "turns"))
+                and key(d["history"]) and key(d["meta_key"]) and meta(d["meta"])
+                and last(d["last"]) and isinstance(d["broken"], (str, type(None))))
     except (KeyError, TypeError, ValueError, AttributeError):
         return False
 

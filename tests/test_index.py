@@ -156,3 +156,113 @@ def test_reindex_rebuilds_everything(ws):
     r = cli(ws, "reindex", "--summaries")
     assert r.returncode == 0 and "indexed" in r.stdout
     assert usage_of_all(ws) == truth(ws)
+
+
+def _two_writers_at_once(monkeypatch, *calls) -> None:
+    """Each call reads what to index; only then do their writes happen, one after the other (two
+    commands that read the same rows before either wrote)."""
+    from primefs import eventindex
+
+    held = []
+    real = eventindex.EventIndexer.flush
+    monkeypatch.setattr(eventindex.EventIndexer, "flush", lambda self: held.append(self))
+    for call in calls:
+        call()
+    monkeypatch.setattr(eventindex.EventIndexer, "flush", real)
+    for indexer in held:
+        indexer.flush()
+
+
+def _events_per_session(index: Index) -> dict:
+    return dict(index.run(lambda db: db.execute(
+        "SELECT s.id, count(e.id) FROM sessions s LEFT JOIN events e ON e.session = s.key GROUP BY s.id").fetchall()))
+
+
+def _lines(data: bytes) -> int:
+    return sum(1 for line in data.splitlines() if line.strip())
+
+
+def test_two_index_writers_at_once_store_each_event_once(ws, monkeypatch):
+    from primefs.eventindex import sync_events
+
+    ws = fan_out(ws)
+    one, two = Index(ws.root), Index(ws.root)
+    one.sync(), two.sync()
+    _two_writers_at_once(monkeypatch, lambda: sync_events(one), lambda: sync_events(two))
+    counts = _events_per_session(one)
+    assert counts == {sid: _lines((ws.sessions / sid / "history.jsonl").read_bytes()) for sid in session_ids(ws.sessions)}
+    # appended lines, again read by both before either writes
+    Session(ws.sessions / session_ids(ws.sessions)[0]).history.append("note", text="appended")
+    _two_writers_at_once(monkeypatch, lambda: sync_events(two), lambda: sync_events(one))
+    assert sum(_events_per_session(two).values()) == sum(counts.values()) + 1
+    r = cli(ws, "logs", "--counts", "--json")
+    assert json.loads(r.stdout)["events"] == sum(counts.values()) + 1
+    one.close(), two.close()
+
+
+def test_two_processes_adding_the_same_archive_store_its_events_once(ws, monkeypatch):
+    import zipfile
+
+    from primefs.archived import index_archive
+
+    ws = fan_out(ws)
+    assert cli(ws, "archive", "--json").returncode == 0
+    (place,) = [f"archive/{p.name}" for p in (ws.root / "archive").glob("*.zip")]
+    with zipfile.ZipFile(ws.root / place) as z:
+        truth = {n.split("/")[1]: _lines(z.read(n)) for n in z.namelist() if n.endswith("/history.jsonl")}
+    for suffix in ("", "-wal", "-shm"):
+        (ws.state / (indexmod.FILE + suffix)).unlink(missing_ok=True)
+    one, two = Index(ws.root), Index(ws.root)
+    _two_writers_at_once(monkeypatch, lambda: index_archive(one, place), lambda: index_archive(two, place))
+    assert _events_per_session(one) == truth
+    one.close(), two.close()
+
+
+def test_a_session_renamed_by_hand_is_found_by_its_new_name_only(ws):
+    from primefs.session import find_session, session_names
+
+    ws = fan_out(ws)
+    grow(ws, 1)
+    index = Index(ws.root)
+    index.sync()
+    fans = sorted(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).name == "fan")
+    assert len(fans) == 2 and index.find("fan") == fans[1]
+    path = ws.sessions / fans[1] / "session.yaml"
+    path.write_text(path.read_text().replace("name: fan\n", "name: renamed\n"))  # by hand, the row not told
+    assert index.find("renamed") == fans[1]
+    assert index.find("fan") == fans[0]  # the other one of the old name
+    path.write_text(path.read_text().replace("name: renamed\n", "name: again\n"))
+    assert session_names(ws.sessions)[fans[1]] == "again"
+    assert find_session(ws.sessions, "again").id == fans[1]
+    r = cli(ws, "usage", "again", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["session"] == fans[1], r.stderr
+    assert index.find("renamed") is None
+    index.close()
+
+
+def test_a_mended_session_yaml_puts_its_subtree_back_for_stop_tree(ws):
+    from primefs.control import descendants
+
+    ws = fan_out(ws)
+    root = next(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).meta.get("parent") is None)
+    child = next(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).meta.get("parent") == root)
+    below = grow(ws, 1, parent=child)  # a tree under the child
+    everyone = sorted(set(session_ids(ws.sessions)) - {root})
+    assert sorted(descendants(ws, root)) == everyone
+    path = ws.sessions / child / "session.yaml"
+    good = path.read_text()
+    path.write_text(good + "limits: [not closed\n")  # broken by hand ...
+    assert "session broken" in cli(ws, "status", "--json").stderr  # a `status` stores its row as broken
+    assert sorted(descendants(ws, root)) == sorted(set(everyone) - {child, *below})
+    path.write_text(good)  # ... and mended
+    assert sorted(descendants(ws, root)) == everyone
+    r = cli(ws, "logs", "--counts", "--json", "-s", root, "--tree")
+    assert r.returncode == 0 and json.loads(r.stdout)["sessions"] == len(everyone) + 1, r.stderr
+    # a parent changed by hand counts too
+    other = below[0]
+    meta = ws.sessions / other / "session.yaml"
+    meta.write_text(meta.read_text().replace(f"parent: {child}", f"parent: {root}"))
+    assert set(descendants(ws, root)) == set(everyone)
+    index = Index(ws.root)
+    assert index.subtree(child) == [child] and index.subtree(root)[:1] == [root]
+    index.close()

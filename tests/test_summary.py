@@ -145,3 +145,40 @@ def test_a_runner_killed_while_writing_summaries(ws):
     assert_exact(ws)
     tracked = subprocess.run(["git", "-C", str(ws.root), "ls-files"], capture_output=True, text=True).stdout
     assert "summary.json" not in tracked and ".tmp" not in tracked
+
+
+def test_hand_edited_summaries_of_the_right_shape_but_wrong_types_are_recounted(ws):
+    """A summary whose fields are there but hold the wrong things (a tool's counts as a number, the last
+    event's time as text, a cost that is not a finite number) is rebuilt, not trusted: `usage`, `status`
+    and `archive` answer exactly instead of crashing."""
+    ws = fan_out(ws)
+    edits = [
+        lambda s: s["usage"].update(tools={"py": 5}),
+        lambda s: s.update(last={"ts": "x", "type": "turn_end"}),
+        lambda s: s["usage"].update(cost_usd=float("nan")),
+        lambda s: s["usage"]["tools"].update(py={"calls": "3", "errors": 0, "seconds": 0.0}),
+    ]
+    folders = [ws.sessions / sid for sid in session_ids(ws.sessions)]
+    for folder, edit in zip(folders, edits):
+        s = json.loads((folder / summary.FILE).read_text())
+        edit(s)  # the stat keys still match: only the shape check can tell
+        (folder / summary.FILE).write_text(json.dumps(s))
+    root = next(f.name for f in folders if Session(f).meta.get("parent") is None)
+    r = cli(ws, "usage", root, "--json")
+    assert r.returncode == 0, r.stderr
+    r = cli(ws, "archive", "--dry-run", "--before", "2000-01-01", "--json")
+    assert r.returncode == 0, r.stderr
+    assert_exact(ws)
+    for folder in folders:
+        assert summary.load(folder) == summary.recount(folder)
+
+
+def test_non_finite_numbers_in_a_history_count_as_nothing(ws):
+    ws = fan_out(ws)
+    folder = ws.sessions / session_ids(ws.sessions)[0]
+    cost = summary.recount(folder)["usage"]["cost_usd"]
+    with open(folder / "history.jsonl", "a") as f:
+        f.write('{"ts": NaN, "type": "model_call", "cost_usd": Infinity, "input_tokens": NaN}\n')
+    s = summary.fresh(folder)
+    assert s["usage"]["cost_usd"] == cost and s["last"]["ts"] is None
+    assert summary.load(folder) == s  # what was written is trusted again (finite numbers only)
