@@ -141,7 +141,7 @@ def test_a_runner_killed_while_writing_summaries(ws):
     assert_exact(ws)
     r = cli(ws, "run", "--once", "-q")
     assert r.returncode == 0, r.stderr
-    wait_for(lambda: ends() == 6, 5, "every goal ended its turn")
+    wait_for(lambda: ends() == 6, 30, "every goal ended its turn")
     assert_exact(ws)
     tracked = subprocess.run(["git", "-C", str(ws.root), "ls-files"], capture_output=True, text=True).stdout
     assert "summary.json" not in tracked and ".tmp" not in tracked
