@@ -17,7 +17,7 @@ from primefs.workspace import Workspace, init_workspace  # noqa: E402
 
 def scripted_workspace(script: str, limits: dict | None = None) -> Workspace:
     root = Path(tempfile.mkdtemp(prefix="primefs-bench-")) / "ws"
-    ws = init_workspace(root)
+    init_workspace(root)
     (root / "script.yaml").write_text(script)
     cfg = load_yaml(root / "primefs.yaml")
     cfg["model"] = "scripted/script.yaml"

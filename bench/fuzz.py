@@ -13,31 +13,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fuzzfiles import bad_files, plant, run_and_check  # noqa: E402
+from fuzzfiles import bad_files, fuzz_workspace, plant, run_and_check  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
-from primefs.session import create_session  # noqa: E402
-from primefs.workspace import Workspace, init_workspace  # noqa: E402
-
-
-def batch_workspace() -> tuple[Workspace, object]:
-    ws = init_workspace(Path(tempfile.mkdtemp(prefix="primefs-fuzz-")) / "ws")
-    (ws.root / "s.yaml").write_text("default:\n" + "  - text: ok\n" * 50)
-    cfg = load_yaml(ws.root / "primefs.yaml")
-    cfg["model"] = "scripted/s.yaml"
-    (ws.root / "primefs.yaml").write_text(dump_yaml(cfg))
-    ws = Workspace(ws.root)
-    target = create_session(ws.sessions, task="receives the bad mail", name="target", model="scripted/s.yaml")
-    return ws, target
 
 
 class Enough(Exception):
@@ -55,7 +39,7 @@ def main(total_files: int) -> dict:
     def batch(files):
         if totals["files"] >= total_files:
             raise Enough()
-        ws, target = batch_workspace()
+        ws, target = fuzz_workspace()
         planted = plant(ws, files, target)
         outcome = run_and_check(ws, planted)
         totals["files"] += len(files)

@@ -123,8 +123,10 @@ def check_config(data, where: str = "primefs.yaml") -> dict:
 
 
 def check_alias(alias, settings, where: str) -> None:
-    at = f"{where}: models.{alias}"
     _text(alias, f"{where}: a model alias name", 128)
+    if not alias.strip() or not alias.isprintable():  # it is named on command lines and in one-line errors
+        raise PrimefsError(f"{where}: a model alias name must be printable text on one line, not {_short(alias)}")
+    at = f"{where}: models.{alias}"
     if settings is None:
         settings = {}
     if not isinstance(settings, dict):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from primefs.frontmatter import dump_yaml
+from primefs.frontmatter import dump_yaml, load_yaml
 
 GOAL_KEYS = ["model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
              "sandbox"]
@@ -152,3 +152,20 @@ def usable(ws, rel: str) -> bool:
         return True
     except Exception:  # noqa: BLE001
         return False
+
+
+def fuzz_workspace(prefix: str = "primefs-fuzz-"):
+    """A new workspace whose model always answers "ok" (scripted), and the session that gets the bad mail."""
+    import tempfile
+
+    from primefs.session import create_session
+    from primefs.workspace import Workspace, init_workspace
+
+    ws = init_workspace(Path(tempfile.mkdtemp(prefix=prefix)) / "ws")
+    (ws.root / "s.yaml").write_text("default:\n" + "  - text: ok\n" * 50)
+    cfg = load_yaml(ws.root / "primefs.yaml")
+    cfg["model"] = "scripted/s.yaml"
+    (ws.root / "primefs.yaml").write_text(dump_yaml(cfg))
+    ws = Workspace(ws.root)
+    return ws, create_session(ws.sessions, task="a session that receives the bad mail", name="target",
+                              model="scripted/s.yaml")

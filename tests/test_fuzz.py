@@ -7,13 +7,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from fuzzfiles import GOAL_KEYS, MAIL_KEYS, SESSION_KEYS, bad_files, file_contents, front_matter, plant, run_and_check
+from fuzzfiles import (GOAL_KEYS, MAIL_KEYS, SESSION_KEYS, bad_files, file_contents, front_matter, fuzz_workspace,
+                       plant, run_and_check)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from primefs import frontmatter, mail
 from primefs.errors import PrimefsError
-from primefs.frontmatter import dump_yaml, load_yaml
+from primefs.frontmatter import load_yaml
 from primefs.goals import parse_goal
 from primefs.heartbeat import check as check_heartbeat
 from primefs.history import iter_events
@@ -134,16 +135,7 @@ def test_model_scripts(data):
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(bad_files, min_size=6, max_size=14))
 def test_a_runner_fed_bad_files(files):
-    ws = init_workspace(Path(tempfile.mkdtemp(prefix="primefs-fuzz-run-")) / "ws")
-    (ws.root / "s.yaml").write_text("default:\n" + "  - text: ok\n" * 50)
-    cfg = load_yaml(ws.root / "primefs.yaml")
-    cfg["model"] = "scripted/s.yaml"
-    (ws.root / "primefs.yaml").write_text(dump_yaml(cfg))
-    ws = Workspace(ws.root)
-    from primefs.session import create_session
-
-    target = create_session(ws.sessions, task="a session that receives the bad mail", name="target",
-                            model="scripted/s.yaml")
+    ws, target = fuzz_workspace("primefs-fuzz-run-")
     planted = plant(ws, files, target)
     outcome = run_and_check(ws, planted)
     assert outcome["crash"] == 0 and outcome["traceback"] == 0 and outcome["hot_loop"] == 0, \

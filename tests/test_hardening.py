@@ -110,6 +110,16 @@ def test_bad_limits_are_one_line_naming_key_and_range(ws, limits, said):
         Workspace(ws.root).limits()
 
 
+def test_alias_names_are_one_printable_line(ws):
+    from primefs.settings import check_config
+
+    for name in ("\n", "two\nlines", " ", "tab\there"):  # found by the fuzz test: a two-line error message
+        with pytest.raises(PrimefsError) as info:
+            check_config({"models": {name: None}})
+        assert "\n" not in str(info.value) and "a model alias name must be printable text on one line" in str(info.value)
+    check_config({"models": {"my-gpt 4": {"model": "openai/gpt-4o-mini"}}})
+
+
 def test_names_ending_in_a_newline_are_refused(ws):
     with pytest.raises(PrimefsError, match="invalid harness name"):
         Harness(ws).put("note", "nl\n", "x")
