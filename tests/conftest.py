@@ -15,6 +15,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ["PRIMEFS_LOAD_PLUGINS"] = os.environ.get("PRIMEFS_TEST_PLUGINS", "0")
 sys.path.insert(0, str(Path(__file__).parent))
 
+from hypothesis import settings as hypothesis_settings  # noqa: E402
 from openai_server import ScriptServer  # noqa: E402
 
 from primefs.daemon import lock_held  # noqa: E402
@@ -22,6 +23,12 @@ from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
 from primefs.runner import Runner  # noqa: E402
 from primefs.session import list_sessions  # noqa: E402
 from primefs.workspace import Workspace, init_workspace  # noqa: E402
+
+# The suite's fuzz tests give the same examples every run, so a red CI is reproducible; exploring new ones
+# is bench/fuzz.py's job (or HYPOTHESIS_PROFILE=explore pytest tests/test_fuzz.py).
+hypothesis_settings.register_profile("suite", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore")
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 @pytest.fixture
