@@ -186,7 +186,7 @@ def read_events(root: Path, hits: list[dict]) -> list[dict]:
                     except ValueError:
                         continue
                     if isinstance(e, dict):
-                        out[h["rowid"]] = {**e, "session": sid, "name": h["name"]}
+                        out[h["rowid"]] = {**e, "session": sid, "session_name": h["name"]}  # an event's own `name` stays
         except OSError:
             continue
     for z in zips.values():

@@ -55,7 +55,7 @@ def one_line(e: dict) -> str:
     if t == "model_call":
         return (f"{e.get('model')} ({e.get('purpose')}): {e.get('input_tokens')} in, {e.get('output_tokens')} out"
                 + (f", ${e['cost_usd']:.6f}" if e.get("cost_known") and isinstance(e.get("cost_usd"), (int, float)) else ""))
-    if t == "cell":
+    if t in ("cell", "exec"):
         out = (e.get("error") or e.get("output") or "").strip()
         return _short(e.get("code") or "") + (f" -> {_short(out, 60)}" if out else "")
     if t == "message":
@@ -69,10 +69,12 @@ def one_line(e: dict) -> str:
     if t == "assistant":
         calls = ", ".join(str(c.get("name")) for c in e.get("calls") or [] if isinstance(c, dict))
         return _short(e.get("text") or "") + (f" [calls: {calls}]" if calls else "")
+    if t == "tool_call":
+        return f"{e.get('name')} ({e.get('plugin')}), {e.get('duration_s')} s" + (f": {e['error']}" if e.get("error") else "")
     for key in ("text", "error", "answer", "reason", "event", "name"):
         if e.get(key):
             return _short(e[key])
-    return _short(json.dumps({k: v for k, v in e.items() if k not in ("ts", "type", "n", "session", "name")},
+    return _short(json.dumps({k: v for k, v in e.items() if k not in ("ts", "type", "n", "session", "session_name")},
                              ensure_ascii=False, default=str))
 
 
@@ -112,7 +114,7 @@ def _sessions(index: Index, keys: tuple, tree: bool) -> list[str] | None:
 @click.option("-q", "--query", "text", metavar="TEXT", help="Full-text search of the events' text (task, messages, "
               "replies, code, output, errors): words, \"a phrase\", prefix*, a OR b (SQLite FTS5).")
 @click.option("--counts", is_flag=True, help="Only the counts: matching events, sessions, per type, model calls per model.")
-@click.option("--json", "as_json", is_flag=True, help="A JSON array of the events, each with `session` and `name` "
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of the events, each with `session` and `session_name` "
               "added; with --counts, the counts as a JSON object.")
 @ws_option
 @click.pass_context
@@ -151,7 +153,7 @@ def logs_cmd(ctx, count, sessions, tree, name, statuses, model, since, until, ty
     else:
         for e in events:
             when = datetime.fromtimestamp(e["ts"]).strftime("%Y-%m-%d %H:%M:%S") if isinstance(e.get("ts"), (int, float)) else "?"
-            click.echo(f"{when}  {e['session']} ({e['name']})  {e.get('type')}  {one_line(e)}")
+            click.echo(f"{when}  {e['session']} ({e['session_name']})  {e.get('type')}  {one_line(e)}")
     shown = len(events)
     tail = "" if shown == found["events"] else f" (the newest {shown}; -n 0 shows all)"
     click.echo(f"{found['events']:,} matching event(s){tail}" if found["events"] else "no matching events", err=True)

@@ -82,7 +82,9 @@ def test_logs_filters_counts_and_json(ws):
     r = cli(ws, "logs", "-n", "0", "--json")
     assert r.returncode == 0, r.stderr
     events = json.loads(r.stdout)
-    assert len(events) == len(everything) and all("session" in e and "name" in e for e in events)
+    assert len(events) == len(everything) and all("session" in e and "session_name" in e for e in events)
+    spawns = [e for e in events if e["type"] == "spawn"]  # an event's own `name` (the child's) is kept
+    assert spawns and all(e["name"] != e["session_name"] for e in spawns)
     assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)  # newest last
     # -n: the newest N; the footer says how many matched
     r = cli(ws, "logs", "-n", "3")
