@@ -82,6 +82,15 @@ def session_named(ws, name):
     return next((s for s in list_sessions(ws.sessions) if s.meta.get("name") == name), None)
 
 
+def answered_under_a_runner(ws, name: str, task: str, answer: str):
+    """`primefs up`, then goal NAME (TASK) taken and idle with ANSWER as its result: its session."""
+    assert cli(ws, "up").returncode == 0
+    (ws.goals / f"{name}.md").write_text(task)
+    s = wait_for(lambda: session_named(ws, name), what="session")
+    wait_for(lambda: s.read_result() == answer and s.reload()["status"] == "idle", what="idle")
+    return s
+
+
 @pytest.fixture
 def scripted(ws):
     def setup(script: str):

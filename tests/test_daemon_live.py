@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 
-from conftest import PRIMEFS, cli, session_named, wait_for
+from conftest import PRIMEFS, answered_under_a_runner, cli, session_named, wait_for
 from rich.console import Console
 
 from primefs.daemon import alive, lock_held
@@ -179,10 +179,7 @@ class Pty:
 
 def test_attach_through_a_terminal(ws, scripted, daemon_cleanup):
     ws = scripted('- text: "first answer"\n- code: "print(6 * 7)"\n- text: "second answer"\n')
-    assert cli(ws, "up").returncode == 0
-    (ws.goals / "talk.md").write_text("hello\n")
-    s = wait_for(lambda: session_named(ws, "talk"), what="session")
-    wait_for(lambda: s.read_result() == "first answer" and s.reload()["status"] == "idle", what="idle")
+    s = answered_under_a_runner(ws, "talk", "hello\n", "first answer")
     env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
     env.pop("PRIMEFS_WORKSPACE", None)
     term = Pty([*PRIMEFS, "attach", "talk", "-w", str(ws.root)], env)

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import PRIMEFS, cli, configure, session_named, use_server, wait_for
+from conftest import PRIMEFS, answered_under_a_runner, cli, configure, session_named, use_server, wait_for
 from openai_server import ScriptServer
 
 from primefs.daemon import lock_held
@@ -81,10 +81,7 @@ def test_wait_and_result_say_when_there_is_nothing(ws, scripted):
 
 def test_exec_and_kernel_reach_the_live_kernel(ws, scripted, daemon_cleanup):
     ws = scripted('- code: "secret = 41"\n- text: "set"\n')
-    assert cli(ws, "up").returncode == 0
-    (ws.goals / "box.md").write_text("keep a variable\n")
-    s = wait_for(lambda: session_named(ws, "box"), what="session")
-    wait_for(lambda: s.read_result() == "set" and s.reload()["status"] == "idle", what="idle")
+    s = answered_under_a_runner(ws, "box", "keep a variable\n", "set")
     r = cli(ws, "exec", "box", "secret += 1\nprint(secret)")
     assert r.returncode == 0 and r.stdout == "42\n", r.stderr
     bad = cli(ws, "exec", "box", "1/0")
