@@ -65,10 +65,12 @@ class NodeKernels:
         return {"node_id": self.node_id, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "workspace_ok": (self.workspace / "primefs.yaml").is_file()}
 
-    async def start(self, session_id: str, setup: dict) -> dict:
+    async def start(self, session_id: str, setup: dict, sandbox: dict | None = None, tmpdir: str | None = None) -> dict:
         if self.host is None:
             raise RuntimeError(f"the workspace {self.workspace} is not mounted on this node")
-        k = await self._run(self.host.start, KernelSpec(session_id, self.workspace, setup=setup))
+        # the node's fork server enters the sandbox, as the runner's does for local kernels
+        k = await self._run(self.host.start, KernelSpec(session_id, self.workspace, setup=setup, sandbox=sandbox,
+                                                        tmpdir=tmpdir))
         self.kernels[k.token] = k
         return {"token": k.token, "pid": k.pid}
 

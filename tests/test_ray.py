@@ -83,6 +83,14 @@ def test_the_ray_host_behind_the_kernel_host_seam(ws, cluster, tmp_path):
         assert time.monotonic() - started < 5 and b.alive()
         a.shutdown()
         assert not a.alive() and b.alive() and host.state()["live_kernels"] == 1
+        # a sandboxed session is sandboxed on its node too: no network there
+        from primefs.settings import check_sandbox
+
+        boxed = host.start(KernelSpec("sc", ws.root, resources={"w1": 1}, tmpdir=str(ws.root / "tmp"),
+                                      sandbox=check_sandbox({"memory_mb": 1024}, "test")))
+        out = boxed.execute("import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9), timeout=2)\n"
+                            "except OSError as e:\n    print(e.strerror)").output
+        assert out == "Network is unreachable\n", out
     finally:
         host.close()
 
