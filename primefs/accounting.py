@@ -18,10 +18,6 @@ from .session import Session, subtree
 FIELDS = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
 
 
-def zero() -> dict:
-    return summaries.zero_usage()
-
-
 def own_usage(session: Session) -> dict:
     return summaries.usage(session.summary())
 

@@ -14,9 +14,8 @@ from .eventindex import EventIndexer
 from .history import events_of
 from .index import Index, row_of
 from .session import find_session
+from .archive import ARCHIVE, MANIFEST
 from .summary import stat_key
-
-ARCHIVE, MANIFEST = "archive", "primefs-archive.json"
 
 
 @contextmanager

@@ -1,14 +1,13 @@
 """What this workspace can use: `primefs models` and `primefs plugins`."""
 from __future__ import annotations
 
-import json
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .cliopts import json_option, print_table, workspace, ws_option
+from .cliopts import emit, json_option, print_table, workspace, ws_option
 
 
 def _table(*columns: str) -> Table:
@@ -33,7 +32,7 @@ def models_cmd(ctx, as_json):
 
     rows = listing(workspace(ctx))
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        emit(True, rows, "")
         return
     t = _table("name", "model", "tools", "key")
     for r in rows:  # an alias that does not resolve shows why in the key column
@@ -58,7 +57,7 @@ def plugins_cmd(ctx, as_json):
         warnings.simplefilter("ignore")  # failures are listed below, not warned about
         rows = plugin_report(plugin_manager(workspace(ctx).root))
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        emit(True, rows, "")
         return
     out = Console(highlight=False)
     for r in rows:  # two lines each: paths are long, and the table stays readable at 80 columns

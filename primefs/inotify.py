@@ -61,10 +61,6 @@ class Inotify:
         if wd is not None:
             self._rm_watch(self.fd, wd)  # EINVAL if the folder is gone already: nothing to do
 
-    def watched(self) -> int:
-        with self._lock:
-            return len(self._wds)
-
     def _loop(self) -> None:
         while True:
             try:

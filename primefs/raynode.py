@@ -95,8 +95,6 @@ class NodeKernels:
         if k is not None:
             await self._run(k.shutdown)
 
-    async def kernel_pids(self) -> list[int]:
-        return self.host.kernel_pids() if self.host else []
 
     async def poll(self, wait_s: float) -> list[dict]:
         """The runner's long poll: requests of this node's kernels, as soon as there is one."""

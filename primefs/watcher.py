@@ -8,6 +8,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from .liverequests import requests_dir
+
 
 class Watch:
     def __init__(self, observer, alive):
@@ -38,7 +40,7 @@ def watch(ws, alive, on_path: Callable[[Path], None]) -> Watch:
     observer = Observer()
     observer.schedule(Hint(), str(ws.goals), recursive=False, event_filter=changes)
     observer.schedule(Hint(), str(ws.harness), recursive=True, event_filter=changes)
-    requests = ws.state / "requests"  # `primefs exec` / `primefs kernel` (liverequests.py)
+    requests = requests_dir(ws)  # `primefs exec` / `primefs kernel`
     requests.mkdir(parents=True, exist_ok=True)
     observer.schedule(Hint(), str(requests), recursive=False, event_filter=changes)
     observer.daemon = True

@@ -95,6 +95,9 @@ class Workspace:
     @cached_property
     def config(self) -> dict:
         """primefs.yaml, checked whole (a bad file is one error naming the key and the allowed values)."""
+        return self._read_config()
+
+    def _read_config(self) -> dict:
         return check_config(load_yaml(self.root / CONFIG, label=CONFIG) or {}, CONFIG) or {}
 
     def config_stamp(self) -> tuple:
@@ -107,8 +110,7 @@ class Workspace:
     def reload_config(self) -> dict:
         """Read primefs.yaml again (the runner, when the file changed). A broken file raises
         PrimefsError and the config read before stays in force."""
-        fresh = check_config(load_yaml(self.root / CONFIG, label=CONFIG) or {}, CONFIG) or {}
-        check_limits(fresh.get("limits") or {}, CONFIG)
+        fresh = self._read_config()  # check_config checks the limits too
         self.__dict__["config"] = fresh  # replaces the cached_property's value
         return fresh
 
