@@ -73,12 +73,14 @@ class Intake:
             if self.rejected != rejected:
                 self._write_rejected()
 
-    def _settled(self, path: Path) -> float | None:
+    def _settled(self, path: Path, rel: str) -> float | None:
         """The file's mtime once it is settled; None while it is being written (look again soon)."""
         try:
             mtime = path.stat().st_mtime
         except OSError:
             return None
+        if self.rejected.get(rel, {}).get("mtime") == mtime:  # found settled before (and rejected): no /proc walk
+            return mtime
         age = time.time() - mtime
         if 0 <= age < SETTLE_S or (0 <= age < 600 and open_for_writing(path)):
             wait = max(SETTLE_S - age, 0.1) if age < SETTLE_S else SETTLE_S
@@ -94,7 +96,7 @@ class Intake:
             pass
 
     def _take_goal(self, path: Path, rel: str) -> None:
-        mtime = self._settled(path)
+        mtime = self._settled(path, rel)
         if mtime is None:
             return
         try:

@@ -38,6 +38,9 @@ def connection_info(base: Path) -> dict:
             "control_port": 4, "hb_port": 5, "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256"}
 
 
+INTERRUPT_GRACE_S = 5.0  # a cell still busy this long after an interrupt is given up (the kernel is dead)
+
+
 @dataclass
 class CellResult:
     output: str = ""
@@ -105,7 +108,7 @@ class KernelClient:
 
     def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
         """Run a cell; interrupt it past `timeout` seconds (calling `on_timeout` first). A cell that
-        will not stop within 5 s of the interrupt, or a kernel that dies, ends with `died`."""
+        will not stop within INTERRUPT_GRACE_S of the interrupt, or a kernel that dies, ends with `died`."""
         started = time.monotonic()
         result = CellResult()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
@@ -130,7 +133,7 @@ class KernelClient:
                     on_timeout()
                 self.interrupt()
                 interrupted_at = now
-            elif interrupted_at is not None and now - interrupted_at > 5:
+            elif interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
                 result.died = True  # would not stop: only a new kernel goes on
                 break
             if msg is None or msg["parent_header"].get("msg_id") != msg_id:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from .errors import PrimefsError
-from .kernelclient import CellResult
+from .kernelclient import INTERRUPT_GRACE_S, CellResult
 from .kernelhost import Handler, KernelHandle, KernelHost, KernelSpec
 from .placement import Node, choose, describe, kernel_needs, never_fits
 from .rpc import error_reply
@@ -31,7 +31,6 @@ REFRESH_S = 2.0  # how often the list of the cluster's nodes is read again
 START_TIMEOUT_S = 60.0  # a node actor's start, a kernel's start, waiting for room on a node
 CALL_TIMEOUT_S = 30.0  # a control call to a node actor (alive, shutdown)
 RETRY_LOST_S = 10.0  # a node whose actor was lost while the node lives: a new actor after this
-INTERRUPT_GRACE_S = 5.0  # as kernelclient: a cell still busy this long after an interrupt is given up
 NOT_KERNEL_RESOURCES = ("object_store_memory",)
 
 
@@ -233,6 +232,8 @@ class RayKernelHost(KernelHost):
 
     def suspect(self, rn: RayNode) -> None:
         """A call to the node's actor failed: ask the cluster now rather than at the next refresh."""
+        if rn.lost:  # every cell of a lost node lands here: one question to the cluster is enough
+            return
         try:
             if not any(n["NodeID"] == rn.slot.id and n.get("Alive") for n in self.ray.nodes()):
                 self.lose(rn, "Ray reports it dead")

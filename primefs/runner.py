@@ -23,7 +23,7 @@ from . import archive, redact, warmup
 from .agent import Agent
 from .alive import Alive
 from .bell import Bell
-from .control import STOP_FILE, take_refine_request
+from .control import REFINE_FILE, STOP_FILE, take_refine_request
 from .errors import PrimefsError
 from .forkserver import hide_from_same_user
 from .fsutil import NAME_RE, write_atomic
@@ -44,6 +44,8 @@ from .watcher import watch
 from .workspace import Workspace
 
 RESCAN_S = 5.0
+# What in an awake session's folder can bring it work: not its history or summary, written at every event
+LOOKED_AT = ("mail", STOP_FILE, REFINE_FILE, "heartbeats", "session.yaml")
 STATE_S = 2.0  # how often .primefs/runner.json is refreshed
 
 
@@ -309,8 +311,8 @@ class Runner:
             self.intake.harness_touched()
             if rel[0] == "sessions" and path.is_dir():  # a new folder of an awake session's harness
                 self.alive.watch_harness(rel[1], path)
-        elif len(rel) >= 2 and rel[0] == "sessions":
-            self.alive.look(rel[1])  # mail, a stop or refine request, heartbeats, the doorbell
+        elif len(rel) >= 2 and rel[0] == "sessions" and (len(rel) == 2 or rel[2] in LOOKED_AT):
+            self.alive.look(rel[1])  # the doorbell (the folder itself), mail, a request, heartbeats
         elif rel == ("sessions",):  # events were lost: look at everything soon
             self.alive.look_soon()
 
