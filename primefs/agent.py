@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
-from . import tracing
+from . import sandbox, tracing, trust
 from .bell import Bell
 from .compaction import maybe_compact
 from .conversation import code_of_call, fenced_code, rebuild, to_messages
@@ -14,10 +15,10 @@ from .harness import Harness, render_for_prompt
 from .kernel import SessionKernel
 from .kernelclient import CellResult, cut
 from .kernelhost import KernelHost, KernelSpec
+from .localkernels import kernel_env
 from .postoffice import PostOffice
 from .prompt import system_prompt
 from .providers.base import PYTHON_TOOL, ModelError
-from .sandbox import weaknesses as sandbox_weaknesses
 from .session import Session
 from .settings import check_sandbox
 from .toolbox import ToolBox
@@ -69,27 +70,60 @@ class Agent:
         self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
         self.pending_refine: dict | None = None  # refine() asked for during the turn, done at its end
 
+    @property
+    def room(self) -> Path:
+        """The session's own folder for files: its kernel's working folder, the one place (with its
+        kernel/ folder) its sandboxed kernel may write."""
+        return self.session.dir / "work"
+
     def _kernel_spec(self) -> KernelSpec:
         meta = self.session.meta
         skill_dirs = [str(self.tree.dir / s / "harness" / "skills") for s in self.tree.chain(self.session.id)]
         skill_dirs.append(str(self.ws.harness / "skills"))
-        box = self.sandbox()
-        return KernelSpec(self.session.id, self.ws.root, setup={
-            "context_paths": list(meta.get("context") or []), "context_data": meta.get("context_data"),
-            "skill_dirs": skill_dirs, "tools": [t.spec() for t in self.tools()],
-            "plugins_dir": str(self.ws.plugins)}, resources=dict(meta.get("resources") or {}),
-            sandbox=box, tmpdir=str(self.session.dir / "kernel" / "tmp") if box else None)
+        self.room.mkdir(exist_ok=True)
+        return KernelSpec(self.session.id, self.ws.root, self.room, rooms=[self.room, self.session.dir / "kernel"],
+                          setup={"workspace": str(self.ws.root), "history": str(self.session.history.path),
+                                 "context_paths": list(meta.get("context") or []),
+                                 "context_data": meta.get("context_data"), "skill_dirs": skill_dirs,
+                                 "tools": [t.spec() for t in self.tools()], "plugins_dir": str(self.ws.plugins)},
+                          resources=dict(meta.get("resources") or {}), sandbox=self.sandbox())
 
     def sandbox(self) -> dict | None:
-        """The session's sandbox: its own `sandbox:` (from its goal, or inherited), else primefs.yaml's."""
+        """The session's sandbox: its own `sandbox:` (from its goal, or inherited), else primefs.yaml's, else
+        the default (on, where this machine allows one; said once where it does not)."""
         meta = self.session.meta
-        value = meta["sandbox"] if "sandbox" in meta else self.ws.config.get("sandbox")
-        box = check_sandbox(value, f"sessions/{self.session.id}")
-        for note in sandbox_weaknesses() if box else []:
-            if note not in self.warned:
-                self.warned.add(note)
-                self.record("warning", text=f"sandbox: {note}")
+        if "sandbox" in meta:  # from its goal (checked and trusted when the goal was taken), or inherited
+            box = check_sandbox(meta["sandbox"], f"sessions/{self.session.id}", self.ws.root)
+        else:
+            box = check_sandbox(self.ws.config.get("sandbox"), "primefs.yaml", self.ws.root)
+            if trust.lowers(box) and not trust.trusted(self.ws, trust.CONFIG):
+                self.warn(f"sandbox: {trust.untrusted_note(trust.CONFIG, 'its weaker `sandbox:` is')}; "
+                          "kernels get the default sandbox")
+                box = check_sandbox(None, "primefs.yaml")
+        if box is None:
+            return None
+        if box.get("default") and sandbox.unavailable():
+            self.warn(f"sandbox: {sandbox.NONE_HERE}: {sandbox.unavailable()}")
+            return None
+        if sandbox.weaker_limits():
+            self.warn(f"sandbox: {sandbox.weaker_limits()}")
         return box
+
+    def warn(self, text: str) -> None:
+        """A warning in this session's history, once per runner."""
+        if text not in self.warned:
+            self.warned.add(text)
+            self.record("warning", text=text)
+
+    def run_command(self, command: str, timeout: float) -> tuple[int | None, str]:
+        """A shell command as this session's kernel would run it: in its sandbox, in its room, with the
+        kernel's environment (end conditions' `command`)."""
+        box = self.sandbox()
+        self.room.mkdir(exist_ok=True)
+        if box is not None:
+            box = sandbox.box_for(box, self.ws.root, [self.room, self.session.dir / "kernel"], self.room,
+                                  hide=[self.ws.runtime.parent])
+        return sandbox.run_in_box(box, ["sh", "-c", command], timeout, kernel_env(), cwd=self.room)
 
     def tools(self) -> list:
         """The tools this session gets (its `tools:` selection); names that match none are said once."""
@@ -97,9 +131,7 @@ class Agent:
             return []
         chosen, unknown = self.toolbox.for_session(self.session.meta.get("tools"))
         for name in unknown:
-            if f"tool:{name}" not in self.warned:
-                self.warned.add(f"tool:{name}")
-                self.record("warning", text=f"tools: {name!r} matches no tool (see `primefs tools`)")
+            self.warn(f"tools: {name!r} matches no tool (see `primefs tools`)")
         return chosen
 
     # -- state ------------------------------------------------------------------------------------
@@ -159,9 +191,8 @@ class Agent:
                 role = spec.body
         entries = harness.list(sessions=chain)
         for e in entries:  # broken harness files: skipped, and said once in this session's log
-            if e.problem and e.problem not in self.warned:
-                self.warned.add(e.problem)
-                self.record("warning", text=f"harness file skipped: {e.problem}")
+            if e.problem:
+                self.warn(f"harness file skipped: {e.problem}")
         return system_prompt(root=self.ws.root, tool_mode=self.tool_mode, limits=self.limits,
                              context_paths=list(meta.get("context") or []), context_data=meta.get("context_data"),
                              role=role, harness=render_for_prompt(entries, int(self.limits["memory_prompt_chars"])),

@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 import zipfile
@@ -36,7 +37,7 @@ from . import __version__
 from .errors import PrimefsError
 from . import summary as summaries
 from .eventindex import index_histories, sync_events
-from .fsutil import fsync_dir, write_atomic
+from .fsutil import fsync_dir, open_regular, write_atomic
 from .gitops import commit_paths, git
 from .index import ARCHIVING, Index, read_result, row_of
 from .summary import stat_key
@@ -183,24 +184,41 @@ def _write_zip(ws, stage: Path, journal: dict) -> None:
     tmp = final.with_name(final.name + ".tmp")
     manifest = {k: journal[k] for k in ("root", "name", "sessions", "goal")}
     manifest.update(archived=time.time(), primefs=__version__)
+    skipped: list[str] = []
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as z:
-        z.writestr(MANIFEST, json.dumps(manifest, indent=1))
         for sid in journal["sessions"]:
             folder = stage / sid
-            for here, dirs, files in os.walk(folder):
+            for here, dirs, files in os.walk(folder):  # links to folders are listed, never followed
                 rel = Path(here).relative_to(folder)
                 dirs[:] = sorted(d for d in dirs if not (rel == Path(".") and d in RUNTIME) and
                                  not (rel == Path("mail") and d == "tmp"))
                 z.writestr(f"sessions/{sid}/{rel.as_posix()}/".replace("/./", "/"), b"")  # empty folders too
-                for name in sorted(files):
+                for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(here, d))]):
                     if not (rel == Path(".") and name in RUNTIME) and not name.endswith(".tmp"):
-                        z.write(Path(here) / name, f"sessions/{sid}/{(rel / name).as_posix()}")
+                        _add(z, Path(here) / name, f"sessions/{sid}/{(rel / name).as_posix()}", skipped)
         if journal["goal"]:
-            z.write(stage / journal["goal"], journal["goal"])
+            _add(z, stage / journal["goal"], journal["goal"], skipped)
+        manifest["skipped"] = skipped  # FIFOs, sockets, devices: not files, never read
+        z.writestr(MANIFEST, json.dumps(manifest, indent=1))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.rename(tmp, final)
     fsync_dir(final.parent)
+
+
+def _add(z: zipfile.ZipFile, path: Path, arcname: str, skipped: list[str]) -> None:
+    """One entry: a regular file's bytes, a symbolic link as a link (its target never read: a link to
+    /etc/shadow or /dev/zero stays a link), anything else left out."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        info = zipfile.ZipInfo(arcname, time.localtime(st.st_mtime)[:6])
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        z.writestr(info, os.readlink(path))
+    elif stat.S_ISREG(st.st_mode):
+        with open_regular(path) as src, z.open(zipfile.ZipInfo.from_file(path, arcname), "w") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    else:
+        skipped.append(arcname)
 
 
 def _finish(ws, index: Index, stage: Path, journal: dict) -> None:

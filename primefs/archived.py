@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import summary as summaries
 from .errors import PrimefsError
+from .fsutil import open_regular
 from .eventindex import EventIndexer
 from .history import events_of
 from .index import Index, row_of
@@ -23,7 +24,7 @@ def open_history(root: Path, sid: str, place: str, zips: dict | None = None):
     """A session's history.jsonl, open for reading (binary, seekable), wherever it is. `zips`: archive
     files already open (place -> ZipFile), kept open for the next call."""
     if not place:
-        with open(Path(root) / "sessions" / sid / "history.jsonl", "rb") as f:
+        with open_regular(Path(root) / "sessions" / sid / "history.jsonl") as f:
             yield f
         return
     try:

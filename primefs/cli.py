@@ -61,6 +61,7 @@ LAZY = {
     "eval": "cli_eval:eval_cmd", "heartbeat": "cli_heartbeat:heartbeat_group", "trace": "cli_trace:trace_cmd",
     "serve": "cli_web:serve", "logs": "cli_logs:logs_cmd", "reindex": "cli_logs:reindex_cmd",
     "archive": "cli_archive:archive_cmd", "models": "cli_info:models_cmd", "plugins": "cli_info:plugins_cmd",
+    "trust": "cli_info:trust_cmd",
     "ask": "cli_session:ask", "wait": "cli_session:wait", "result": "cli_session:result",
     "exec": "cli_session:exec_cmd", "kernel": "cli_session:kernel_cmd",
     "up": "daemon:up", "down": "daemon:down", "runner": "daemon:runner_cmd",

@@ -65,3 +65,47 @@ def plugins_cmd(ctx, as_json):
         out.print(f"{r['name']}  [dim]{r['kind']}[/dim]  " + escape(what), style=None if r["loaded"] else "red",
                   soft_wrap=not out.is_terminal)
         out.print(f"  {escape(r['source'])}", style="dim", soft_wrap=True)
+
+
+@click.command("trust")
+@click.argument("paths", nargs=-1)
+@click.option("--all", "trust_all", is_flag=True, help="Trust everything listed as not trusted.")
+@click.option("--revoke", is_flag=True, help="Forget the trust given to PATHS.")
+@json_option
+@ws_option
+@click.pass_context
+def trust_cmd(ctx, paths, trust_all, revoke, as_json):
+    """What in this workspace can make the runner run something, or weaken a kernel's sandbox, and whether
+    you have trusted it: workspace plugins (plugins/*.py), primefs.yaml's mcp_servers and a weaker
+    `sandbox:`, goals with a weaker `sandbox:`. Each is used only as you trusted it: a file that appears
+    or changes (a copied workspace, or one a kernel without a sandbox wrote) is not.
+
+    \b
+      primefs trust                     list them
+      primefs trust plugins/x.py        trust this file as it is now (its content hash)
+      primefs trust primefs.yaml        its mcp_servers and sandbox sections as they are now
+      primefs trust --all               trust everything listed
+      primefs trust --revoke PATH
+    """
+    from . import trust
+
+    ws = workspace(ctx)
+    if revoke:
+        emit(as_json, {"revoked": trust.revoke(ws, list(paths))}, f"revoked: {', '.join(paths) or 'nothing'}")
+        return
+    if paths or trust_all:
+        chosen = list(paths) or [r["path"] for r in trust.needing_trust(ws) if not r["trusted"]]
+        done = trust.trust(ws, chosen) if chosen else []
+        emit(as_json, {"trusted": done}, "trusted: " + (", ".join(done) or "nothing (everything was trusted)"))
+        return
+    rows = trust.needing_trust(ws)
+    if as_json:
+        emit(True, rows, "")
+        return
+    if not rows:
+        click.echo("nothing here needs trust (no workspace plugins, MCP servers or weaker sandboxes)")
+        return
+    t = _table("path", "what", "trusted")
+    for r in rows:
+        t.add_row(r["path"], r["what"], "yes" if r["trusted"] else "no", style=None if r["trusted"] else "yellow")
+    print_table(t)

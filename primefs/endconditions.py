@@ -2,11 +2,12 @@
 
 In goal front matter each condition is a map with one key, its name:
     end_conditions: [{command: "pytest -q"}, {file_exists: report.md}]
-`command` also takes a map: {command: {run: "pytest -q", timeout: 600}}.
+`command` also takes a map: {command: {run: "pytest -q", timeout: 600}}. Both act as the session's kernel
+would: a command runs in its sandbox, in its room (`sessions/<id>/work/`), with the kernel's environment
+(never the runner's keys); a relative path is a path in its room.
 """
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from . import hookimpl
@@ -19,20 +20,17 @@ def command(arg, ctx) -> tuple[bool, str]:
         cmd, timeout = str(arg.get("run", "")), float(arg.get("timeout", 600))
     else:
         cmd, timeout = str(arg), 600.0
-    try:
-        r = subprocess.run(cmd, shell=True, cwd=ctx["workspace"], capture_output=True, text=True,
-                           timeout=timeout, errors="replace")
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or "") + (exc.stderr or "") if isinstance(exc.stdout, str) else ""
-        return False, f"`{cmd}` timed out after {timeout:g} s\n{out[-REPORT_CHARS:]}"
-    out = (r.stdout + r.stderr)[-REPORT_CHARS:]
-    verdict = "passed" if r.returncode == 0 else f"failed (exit {r.returncode})"
-    return r.returncode == 0, f"`{cmd}` {verdict}\n{out}".rstrip()
+    code, out = ctx["run"](cmd, timeout)
+    out = out[-REPORT_CHARS:]
+    if code is None:
+        return False, f"`{cmd}` timed out after {timeout:g} s\n{out}".rstrip()
+    verdict = "passed" if code == 0 else f"failed (exit {code})"
+    return code == 0, f"`{cmd}` {verdict}\n{out}".rstrip()
 
 
 def file_exists(arg, ctx) -> tuple[bool, str]:
     root = Path(ctx["workspace"]).resolve()
-    p = (root / str(arg)).resolve()
+    p = (Path(ctx["room"]) / str(arg)).resolve()
     if not p.is_relative_to(root):
         return False, f"{arg}: outside the workspace"
     return (True, f"{arg} exists") if p.exists() else (False, f"{arg} does not exist yet")

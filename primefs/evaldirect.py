@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .compaction import context_window
 from .errors import PrimefsError
+from .fsutil import write_atomic
 from .goalctl import BudgetExhausted, SessionStopping
 from .kernelclient import cut
 from .providers.base import ModelError
@@ -103,7 +104,7 @@ def _call(gateway, caller: DirectCaller, item: dict) -> None:
     started = time.monotonic()
     ctx = context_text(item.get("context"))
     messages, sent = build_prompt(item["task"], ctx, caller.settings)
-    (s.dir / "prompt.txt").write_text(messages[1]["content"], encoding="utf-8")  # big: a file, not an event
+    write_atomic(s.dir / "prompt.txt", messages[1]["content"], durable=False)  # big: a file, not an event
     s.update(started_ts=time.time())
     s.set_status("running", stop_reason=None)
     s.history.append("task", text=s.task)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from .fsutil import open_regular
 from .history import check_at, iter_lines, still_there
 from .index import Index
 
@@ -108,7 +109,7 @@ def index_histories(index: Index, folders: dict, ids: list[str] | None) -> int:
         if sid not in folders or history is None or history[2] == indexed:
             continue  # all indexed (a file rewritten to the same size also changes the summary: reset below)
         try:
-            with open(folders[sid] / "history.jsonl", "rb") as f:
+            with open_regular(folders[sid] / "history.jsonl") as f:
                 indexer.session(key, model, f, f.seek(0, 2), indexed, check)
         except OSError:
             continue

@@ -1,20 +1,24 @@
 """The kernel template: imports ipykernel, IPython and primefs.kernel_api once, then forks a fresh
 kernel per request (~30 ms and ~0.02 CPU-s here, against ~0.9 s and ~0.74 CPU-s for a new process).
 
-Run by the runner as `python -m primefs.forkserver`, with a scrubbed environment (forked kernels
-inherit this process's memory, so no secret may ever be in it). Protocol on stdin/stdout, one JSON
-object per line:
+Run by the runner as `python -m primefs.forkserver`, with a scrubbed environment. Forked kernels inherit
+this process's memory, so no secret is ever in it: a spawn request carries no key and no token. The
+kernel asks for its own, once, over the runner's socket (`hello`), after it has entered its sandbox; the
+runner answers only the process tree of the pid this template reported for that request. The template
+is non-dumpable: other processes of the user cannot read its memory. Protocol on stdin/stdout, one
+JSON object per line:
 
-    -> {"op": "spawn", "id": N, "conn": {connection info}, "cwd": DIR, "env": {...},
-        "setup": {kernel_api.setup keyword arguments}, "log": FILE}
+    -> {"op": "spawn", "id": N, "conn": {connection info, no key}, "sock": PATH, "cwd": DIR, "env": {...},
+        "setup": {kernel_api.setup keyword arguments}, "log": FILE, "sandbox": BOX or null}
     <- {"id": N, "pid": PID}  or  {"id": N, "error": "..."}
     <- {"exited": PID, "status": "exit 0" | "signal 9"}     whenever a kernel ends
     <- {"ready": true}                                       once, after the imports
 
 Before a fork this process holds no thread and no zmq context (forking either is unsafe). EOF on
-stdin means the runner is gone (however it died): every kernel is killed and the template exits.
-Each kernel runs in its own session and process group, dies with the template (PR_SET_PDEATHSIG)
-and is non-dumpable (PR_SET_DUMPABLE 0: other processes of the user cannot read its memory).
+stdin means the runner is gone (however it died): every kernel and what it started is killed and the
+template exits. Each kernel runs in its own session and process group, dies with the template
+(PR_SET_PDEATHSIG), is non-dumpable, and (unsandboxed) is a subreaper, so what it starts stays in its
+tree and is killed with it; a sandboxed kernel is the first process of its own pid namespace (sandbox.py).
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ WARM = ("ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipyk
         "encodings.idna", "unicodedata", "dill", "primefs.kernel_api", "primefs.kernel_snapshot",
         "primefs.kernel_tools", "primefs.sandbox")
 
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+START_TIMEOUT_S = 60.0
 
 
 def _prctl(option: int, value: int) -> None:
@@ -48,8 +53,45 @@ def _prctl(option: int, value: int) -> None:
 
 def hide_from_same_user() -> None:
     """Make this process non-dumpable (Linux): other processes of the same user, kernels among them, can
-    then not read its memory or /proc/<pid>/environ (API keys, other kernels' tokens). No effect for root."""
+    then not read its memory or /proc/<pid>/environ. No effect against root."""
     _prctl(PR_SET_DUMPABLE, 0)
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s descendants now (Linux /proc), children before grandchildren."""
+    parents: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a kernel's process group and every process it started, also those that left the group
+    (`setsid`): they stay in its tree because the kernel is a subreaper."""
+    for _ in range(3):
+        rest = descendants(pid)
+        for p in [pid, *rest]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if not rest:
+            return
 
 
 def warm() -> None:
@@ -74,12 +116,10 @@ def _kernel(req: dict, server_pid: int) -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != server_pid:  # the template died before the line above took effect
         os._exit(1)
-    if not req.get("sandbox"):  # (a sandbox is set up first: its uid maps live in /proc/self, which a
-        _prctl(PR_SET_DUMPABLE, 0)  # non-dumpable process does not own)
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGINT stays ignored until this is the kernel: a sandbox's keeper process outside must not stop
     null = os.open(os.devnull, os.O_RDONLY)
     log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(null, 0)
@@ -95,18 +135,20 @@ def _kernel(req: dict, server_pid: int) -> None:
         if req.get("sandbox"):
             from primefs import sandbox
 
-            box = req["sandbox"]
-            sandbox.enter(box["settings"], box["writable"], box["tmpdir"], box["name"])
-            # new credentials cleared both (commit_creds): set them again, and check the parent is alive
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            sandbox.enter(req["sandbox"])  # returns in the sandboxed kernel; this process waits outside
+        else:
             _prctl(PR_SET_DUMPABLE, 0)
-            if os.getppid() != server_pid:
-                os._exit(1)
-        app = _make_app(req["conn"])
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from primefs.rpc import call
+
+        mine = call(req["sock"], "", "hello", {"spawn": req["id"]}, timeout=START_TIMEOUT_S)
+        app = _make_app({**req["conn"], "key": mine["key"]})
         app.initialize([])
         import primefs.kernel_api as api
 
-        api.setup(app.kernel.shell.user_ns, **req["setup"])
+        api.setup(app.kernel.shell.user_ns, **req["setup"], sock=req["sock"], token=mine["token"])
+        del mine
         app.start()
     except BaseException as exc:  # noqa: BLE001 - the log is all a failed kernel can leave
         print(f"primefs kernel failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
@@ -162,6 +204,7 @@ def serve() -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select() through the wakeup fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the runner's terminal is the runner's
+    hide_from_same_user()
     _send({"ready": True, "pid": me})
     buf = b""
     while True:
@@ -187,10 +230,7 @@ def serve() -> None:
             if line.strip():
                 _handle(json.loads(line), kernels, me)
     for pid in kernels:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_tree(pid)
 
 
 def _handle(req: dict, kernels: set[int], me: int) -> None:

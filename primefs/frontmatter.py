@@ -17,6 +17,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from .errors import PrimefsError
+from .fsutil import open_regular
 
 
 class FileProblem(PrimefsError):
@@ -51,7 +52,7 @@ def read_text(path: Path, label: str | None = None, max_bytes: int = MAX_BYTES, 
             raise FileProblem(f"{label}: not a regular file")
         if st.st_size > max_bytes:
             raise FileProblem(f"{label}: {st.st_size:,} bytes, over the limit of {max_bytes:,}")
-        with open(path, "rb") as f:
+        with open_regular(path, follow=True) as f:  # never blocks (a FIFO swapped in after the stat)
             data = f.read(max_bytes + 1)
     except FileProblem:
         raise

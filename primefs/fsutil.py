@@ -1,11 +1,15 @@
-"""Small durable file operations shared by sessions, goals and mail."""
+"""Small durable file operations shared by sessions, goals and mail. Every text file primefs writes into a
+workspace goes through `write_atomic` or `write_new`, which redact known secrets first (redact.py)."""
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 
+from . import redact
 from .errors import PrimefsError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -19,6 +23,36 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
+class NotRegular(OSError):
+    """A FIFO, device, socket or folder where a regular file belongs."""
+
+
+def open_regular(path, mode: str = "rb", follow: bool = False):
+    """Open a regular file without ever blocking or being led elsewhere: a FIFO, device or socket in its
+    place (and, unless `follow`, a symbolic link) raises OSError instead of hanging the reader or
+    reading another file. `mode`: "rb", "r" (UTF-8, errors replaced) or "rb+"."""
+    flags = (os.O_RDWR if "+" in mode else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        if "b" in mode:
+            return os.fdopen(fd, mode)
+        return os.fdopen(fd, mode, encoding="utf-8", errors="replace")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path, follow: bool = False) -> str:
+    """A regular file's text (UTF-8, errors replaced); OSError as open_regular() raises it."""
+    with open_regular(path, "r", follow) as f:
+        return f.read()
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -28,8 +62,10 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:
-    """Write via a temp file and rename, so readers never see a half-written file."""
+    """Write via a temp file and rename, so readers never see a half-written file. Known secrets are
+    replaced by [redacted] first."""
     path = Path(path)
+    text = redact.text(text)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; workspace files are ordinary files
@@ -61,8 +97,10 @@ def ring(session_dir: Path) -> None:
 
 
 def write_new(path: Path, text: str) -> bool:
-    """Create `path` with `text` atomically and durably; False if it already exists (never overwrites)."""
+    """Create `path` with `text` atomically and durably; False if it already exists (never overwrites).
+    Known secrets are replaced by [redacted] first."""
     path = Path(path)
+    text = redact.text(text)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from . import tracing
+from . import redact, tracing
 from .bell import Bell
 from .goalctl import GoalControl, SessionStopping
 from .livefeed import ReplyStream
@@ -64,7 +64,7 @@ class ModelGateway:
                            output_tokens=reply.output_tokens, cost_usd=reply.cost_usd, cost_known=reply.cost_known,
                            latency_s=round(time.monotonic() - started, 4))
             self.goals.record_call(agent.session.id, reply.input_tokens + reply.output_tokens, reply.cost_usd)
-            return reply
+            return redacted(reply)
         raise AssertionError("unreachable")
 
     def _call(self, agent, provider, messages, tools, settings: dict) -> ModelReply:
@@ -75,7 +75,7 @@ class ModelGateway:
         idle = float(agent.limits["stream_idle_timeout_s"])
         cancel = threading.Event()
         last_chunk = [time.monotonic()]
-        stream = ReplyStream(self.ws.state, agent.session.id)
+        stream = ReplyStream(self.ws.runtime, agent.session.id)
 
         def progress(text: str = "") -> None:  # a streaming provider calls this with each piece of text
             last_chunk[0] = time.monotonic()
@@ -140,3 +140,12 @@ class ModelGateway:
                 if self.bell.stopping or agent.stop_requested:
                     raise SessionStopping("the session or the runner is stopping")
                 self.bell.cond.wait(min(0.25, deadline - time.monotonic()))
+
+
+def redacted(reply: ModelReply) -> ModelReply:
+    """A reply with known secrets replaced: what the model says reaches kernels (its code, llm() answers),
+    files and other sessions only like this, even when it echoes a key."""
+    reply.text = redact.text(reply.text or "")
+    for call in reply.tool_calls:
+        call.arguments = redact.text(call.arguments or "")
+    return reply

@@ -65,16 +65,24 @@ def pathspec(paths: list[str], harness: bool = False) -> list[str]:
     return list(paths) + [f":(exclude){p}/harness" for p in paths if p.startswith("sessions/") and p.count("/") == 1]
 
 
+# Files a kernel wrote in its room are committed as they are: no clean filter of a .gitattributes it wrote
+# (or of the user's) runs on them.
+ROOM_ATTRIBUTES = ("sessions/*/work/** -filter",)
+
+
 def ignore_runtime(root: Path) -> None:
-    """The runtime patterns in .git/info/exclude (not the user's .gitignore: nothing to commit)."""
+    """The runtime patterns in .git/info/exclude (not the user's .gitignore: nothing to commit), and
+    ROOM_ATTRIBUTES in .git/info/attributes."""
     try:
-        exclude = Path(root) / git(Path(root), "rev-parse", "--git-path", "info/exclude").stdout.strip()
-        have = exclude.read_text().splitlines() if exclude.exists() else []
-        missing = [p for p in RUNTIME if p not in have]
-        if missing:
-            exclude.parent.mkdir(exist_ok=True)
-            with open(exclude, "a") as f:
-                f.write("".join(f"{p}\n" for p in ["# primefs runtime files", *missing]))
+        for name, lines, title in (("info/exclude", RUNTIME, "# primefs runtime files"),
+                                   ("info/attributes", ROOM_ATTRIBUTES, "# primefs: kernels' files as written")):
+            path = Path(root) / git(Path(root), "rev-parse", "--git-path", name).stdout.strip()
+            have = path.read_text().splitlines() if path.exists() else []
+            missing = [p for p in lines if p not in have]
+            if missing:
+                path.parent.mkdir(exist_ok=True)
+                with open(path, "a") as f:
+                    f.write("".join(f"{p}\n" for p in [title, *missing]))
     except (OSError, subprocess.CalledProcessError):  # not a git repository: nothing is committed anyway
         pass
 

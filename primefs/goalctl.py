@@ -94,7 +94,11 @@ class GoalControl:
             raise BudgetExhausted(*hit)
 
     # -- end conditions ---------------------------------------------------------------------------
-    def evaluate(self, sid: str) -> list[dict]:
+    def evaluate(self, agent) -> list[dict]:
+        """The session's end conditions, checked now. A `command` runs as the session's kernel would: in its
+        sandbox and its room (ctx["run"]); paths are its room's (ctx["room"])."""
+        sid = agent.session.id
+        ctx = {"workspace": self.root, "session": sid, "room": agent.room, "run": agent.run_command}
         out = []
         for cond in self.tree.session(sid).meta.get("end_conditions") or []:
             (name, arg), = cond.items()
@@ -103,7 +107,7 @@ class GoalControl:
                 out.append({"name": name, "arg": arg, "passed": False, "report": f"unknown end condition {name!r}"})
                 continue
             try:
-                passed, report = check(arg, {"workspace": self.root, "session": sid})
+                passed, report = check(arg, ctx)
             except Exception as exc:  # a broken plugin fails its condition, not the runner
                 passed, report = False, f"{name} raised {type(exc).__name__}: {exc}"
             out.append({"name": name, "arg": arg, "passed": bool(passed), "report": str(report)})
@@ -111,7 +115,7 @@ class GoalControl:
 
     def refuse_done(self, agent) -> str | None:
         """done() is refused (with this message) while the session's end conditions fail."""
-        results = self.evaluate(agent.session.id)
+        results = self.evaluate(agent)
         failing = [r for r in results if not r["passed"]]
         if not failing:
             return None
@@ -128,7 +132,7 @@ class GoalControl:
                 budget[key] = {"limit": limit, "used": used[key], "left": max(0, limit - used[key])}
         return {"goal": agent.session.task, "session": sid, "autonomous": bool(meta.get("autonomous")),
                 "turn": agent.turns, "budget": budget, "budget_holder": holder,
-                "end_conditions": self.evaluate(sid)}
+                "end_conditions": self.evaluate(agent)}
 
     # -- autonomy ---------------------------------------------------------------------------------
     def after_turn(self, agent, outcome: str) -> str | None:
@@ -139,7 +143,7 @@ class GoalControl:
             return None
         conds = meta.get("end_conditions") or []
         if conds:
-            results = self.evaluate(s.id)
+            results = self.evaluate(agent)
             failing = [r for r in results if not r["passed"]]
             s.history.append("end_conditions", results=[{k: r[k] for k in ("name", "passed")} for r in results],
                              report="\n".join(r["report"] for r in failing)[-4000:])

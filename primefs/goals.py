@@ -99,7 +99,12 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
             raise PrimefsError(f"{rel}: {exc}") from None
         control["heartbeat"] = meta["heartbeat"]
     if meta.get("sandbox") is not None:
-        control["sandbox"] = check_sandbox(meta["sandbox"], rel) or False
+        control["sandbox"] = check_sandbox(meta["sandbox"], rel, ws.root) or False
+        from . import trust
+
+        if trust.lowers(control["sandbox"] or None) and not trust.trusted(ws, rel):
+            raise PrimefsError(f"{rel}: its `sandbox:` is weaker than the default (off, network or write grants), "
+                               f"which only a goal you trust may ask: run `primefs trust {rel}` if you wrote it")
     if meta.get("resources") is not None:  # what its kernels need from a node (hosts other than local)
         control["resources"] = check_resources(meta["resources"], f"{rel}: resources")
     if meta.get("model") is not None and not isinstance(meta["model"], str):

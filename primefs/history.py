@@ -7,14 +7,17 @@ so large outputs should be kept short or stored as separate files).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import threading
 import time
 from pathlib import Path
 from typing import Iterator
 
 from . import livefeed, redact
+from .fsutil import NotRegular, open_regular
 
 
 def now() -> float:
@@ -32,7 +35,12 @@ class History:
         if self._fd is None:
             repair_tail(self.path)
             self._seq = sum(1 for _ in iter_events(self.path))
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted in its place: refuse, never block
+                os.close(fd)
+                raise NotRegular(errno.EINVAL, "not a regular file", str(self.path))
+            os.set_blocking(fd, True)
+            self._fd = fd
         return self._fd
 
     def append(self, type: str, **fields) -> dict:
@@ -58,7 +66,7 @@ class History:
 def repair_tail(path: Path) -> bool:
     """Cut a torn (unterminated) last line left by a crash. Returns True if it cut something."""
     try:
-        with open(path, "rb+") as f:
+        with open_regular(path, "rb+") as f:
             size = f.seek(0, os.SEEK_END)
             if size == 0:
                 return False
@@ -78,15 +86,15 @@ def repair_tail(path: Path) -> bool:
                 pos = start
             f.truncate(0)
             return True
-    except FileNotFoundError:
+    except OSError:  # missing, or not a regular file (the writer refuses it)
         return False
 
 
 def iter_events(path: Path) -> Iterator[dict]:
     """Every complete event; a torn or garbled line is skipped."""
     try:
-        f = open(path, "rb")
-    except FileNotFoundError:
+        f = open_regular(path)
+    except OSError:  # missing, or not a regular file: no events
         return
     with f:
         yield from events_of(f)

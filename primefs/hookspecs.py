@@ -32,8 +32,11 @@ def register_end_conditions(register):
     """Register end conditions for goals: call ``register(name, check)``.
 
     ``check(arg, ctx) -> (passed: bool, report: str)``; ``arg`` is the value given in the goal's
-    front matter (``end_conditions: [{name: arg}]``); ``ctx`` has ``workspace`` (Path) and
-    ``session`` (the session id). ``report`` is shown to the model when the condition fails.
+    front matter (``end_conditions: [{name: arg}]``); ``ctx`` has ``workspace`` (Path), ``session``
+    (the session id), ``room`` (Path: the session's ``work/`` folder, its kernel's working folder) and
+    ``run(command, timeout) -> (exit code or None on timeout, output)``, which runs a shell command as
+    the session's kernel would (in its sandbox and room; use it for anything the goal's text names).
+    ``report`` is shown to the model when the condition fails.
     """
 
 

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from . import summary as summaries
+from .fsutil import read_regular
 from .summary import META, stat_key
 
 VERSION = 5  # PRAGMA user_version: another version is dropped and rebuilt
@@ -68,8 +69,8 @@ def broken_database(exc: Exception) -> bool:
 
 def read_result(folder: Path) -> str | None:
     try:
-        return (folder / "result.md").read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return read_regular(folder / "result.md")
+    except OSError:
         return None
 
 

@@ -36,14 +36,15 @@ class _Link:
             raise kind(str(exc)) from None
 
 
-def load_context(paths: list[str], data: str | None):
-    """A goal's files: one -> str, several -> {path: str}. A parent's value: str or JSON data."""
+def load_context(root: Path, paths: list[str], data: str | None):
+    """A goal's files: one -> str, several -> {path: str}. A parent's value: str or JSON data. Paths are
+    the workspace's (`root`), as session.yaml names them."""
     if data:
-        p = Path(data)
+        p = root / data
         return json.loads(p.read_text(encoding="utf-8")) if p.suffix == ".json" else p.read_text(encoding="utf-8")
     if not paths:
         return None
-    texts = {p: Path(p).read_text(encoding="utf-8", errors="replace") for p in paths}
+    texts = {p: (root / p).read_text(encoding="utf-8", errors="replace") for p in paths}
     return texts[paths[0]] if len(paths) == 1 else texts
 
 
@@ -176,9 +177,9 @@ class SkillsModule(types.ModuleType):
         return module
 
 
-def setup(ns: dict, *, sock: str, token: str, session_id: str, context_paths: list[str] | None = None,
-          context_data: str | None = None, skill_dirs: list[str] | None = None, tools: list[dict] | None = None,
-          plugins_dir: str | None = None) -> None:
+def setup(ns: dict, *, sock: str, token: str, session_id: str, workspace: str = ".", history: str | None = None,
+          context_paths: list[str] | None = None, context_data: str | None = None, skill_dirs: list[str] | None = None,
+          tools: list[dict] | None = None, plugins_dir: str | None = None) -> None:
     link = _Link(sock, token)
     sys.modules["skills"] = SkillsModule(skill_dirs or [])
 
@@ -242,9 +243,10 @@ def setup(ns: dict, *, sock: str, token: str, session_id: str, context_paths: li
         """Wait for the next message (TimeoutError after `timeout` seconds)."""
         return Message(**link("recv", timeout=timeout))
 
-    api = dict(context=load_context(context_paths or [], context_data), done=done, llm=llm, llm_batch=llm_batch,
+    api = dict(context=load_context(Path(workspace), context_paths or [], context_data), done=done, llm=llm, llm_batch=llm_batch,
                rlm=rlm, wait_all=wait_all, goal_status=goal_status, harness=HarnessAPI(link), refine=refine,
-               heartbeat=heartbeat, history=HistoryAPI(str(Path(f"sessions/{session_id}/history.jsonl").resolve())),
+               heartbeat=heartbeat,
+               history=HistoryAPI(history or str(Path(workspace, "sessions", session_id, "history.jsonl"))),
                send=send, inbox=inbox, recv=recv, Handle=Handle, ChildFailed=ChildFailed, SESSION_ID=session_id)
     box = make_tools(link, tools or [], plugins_dir)
     api["tools"] = box

@@ -71,6 +71,7 @@ class KernelClient:
         self.info = info
         self.alive = alive
         self.interrupt = interrupt
+        self.busy = False  # a cell runs (the host's limit watch looks at busy kernels' rooms)
         self.kc = BlockingKernelClient(context=zmq_context())
         self.kc.load_connection_info(info)
         self.kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
@@ -109,6 +110,13 @@ class KernelClient:
     def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
         """Run a cell; interrupt it past `timeout` seconds (calling `on_timeout` first). A cell that
         will not stop within INTERRUPT_GRACE_S of the interrupt, or a kernel that dies, ends with `died`."""
+        self.busy = True
+        try:
+            return self._execute(code, timeout, on_timeout)
+        finally:
+            self.busy = False
+
+    def _execute(self, code: str, timeout: float | None, on_timeout) -> CellResult:
         started = time.monotonic()
         result = CellResult()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)

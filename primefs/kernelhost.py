@@ -25,11 +25,26 @@ API = "__import__('primefs.kernel_snapshot', fromlist=['api'])"
 @dataclass
 class KernelSpec:
     session_id: str
-    cwd: Path
+    workspace: Path  # what the kernel reads (sandboxed: read-only)
+    cwd: Path | None = None  # its working folder: the session's room (sessions/<id>/work); default: workspace
+    rooms: list = field(default_factory=list)  # what a sandboxed kernel may write: its room, its kernel/ folder
     setup: dict = field(default_factory=dict)  # kernel_api.setup(): context_paths, context_data, skill_dirs
     resources: dict = field(default_factory=dict)  # what a placement needs (num_cpus, memory, ...)
     sandbox: dict | None = None  # settings.SANDBOX keys; None: no sandbox
-    tmpdir: str | None = None  # the kernel's TMPDIR in a sandbox (inside the workspace)
+
+    def __post_init__(self):
+        self.cwd = Path(self.cwd or self.workspace)
+
+    def to_dict(self) -> dict:
+        """Plain data, for another process (a Ray node)."""
+        return {"session_id": self.session_id, "workspace": str(self.workspace), "cwd": str(self.cwd),
+                "rooms": [str(r) for r in self.rooms], "setup": dict(self.setup), "resources": dict(self.resources),
+                "sandbox": self.sandbox}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelSpec":
+        return cls(d["session_id"], Path(d["workspace"]), Path(d["cwd"]), [Path(r) for r in d["rooms"]],
+                   d["setup"], d["resources"], d["sandbox"])
 
 
 class KernelHandle(ABC):

@@ -23,6 +23,7 @@ from rich.markup import escape
 from .cliopts import workspace, ws_option
 from .daemon import runner_state
 from .errors import PrimefsError
+from .fsutil import open_regular
 from .livefeed import StreamTail, stream_path
 from .logview import EventPrinter, print_events
 from .session import Session, find_session, session_names
@@ -35,7 +36,7 @@ def line_start(path: Path, size: int) -> int:
     if size == 0:
         return 0
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             pos = size
             while pos > 0:
                 start = max(0, pos - 65536)
@@ -44,7 +45,7 @@ def line_start(path: Path, size: int) -> int:
                 if i >= 0:
                     return start + i + 1
                 pos = start
-    except FileNotFoundError:
+    except OSError:
         pass
     return 0
 
@@ -69,10 +70,10 @@ class HistoryReader:
         if size == self.pos:
             return []
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path) as f:
                 f.seek(self.pos)
                 data = f.read(size - self.pos)
-        except FileNotFoundError:
+        except OSError:
             return []
         end = data.rfind(b"\n")
         if end < 0:  # only a torn line so far: wait for its newline
@@ -108,7 +109,9 @@ def follow(session: Session, console: Console, stop_event: threading.Event | Non
     Ctrl-C propagates as KeyboardInterrupt. Returns the number of events printed.
     """
     reader = HistoryReader(session.dir / "history.jsonl")
-    stream = StreamTail(stream_path(session.dir.parent.parent / ".primefs", session.id))
+    from .workspace import Workspace
+
+    stream = StreamTail(stream_path(Workspace(session.dir.parent.parent).runtime, session.id))
     printer = EventPrinter(console, dict(names) if names is not None else session_names(session.dir.parent))
     if from_start:
         events = reader.read()

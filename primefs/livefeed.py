@@ -1,7 +1,8 @@
 """A session's work as it happens, beyond history.jsonl.
 
-- The text of a model reply while it streams: `.primefs/streams/<session>.txt`, there only during the
-  call (runtime, never committed). `attach` and `log -f` in other processes read it.
+- The text of a model reply while it streams: `<runtime>/streams/<session>.txt` (the private runtime
+  folder, hidden from sandboxed kernels; known secrets redacted piece by piece), there only during the
+  call. `attach` and `log -f` in other processes read it.
 - In the runner's own process, listeners called with each history event as it is appended and with
   each piece of streamed text (`{"type": "delta", "text": ...}`, never stored): `primefs run -v`.
 """
@@ -12,6 +13,8 @@ import os
 import threading
 import time
 from pathlib import Path
+
+from . import redact
 
 _listeners: list = []
 _lock = threading.Lock()
@@ -37,17 +40,17 @@ def publish(sid: str, event: dict) -> None:
             pass
 
 
-def stream_path(state: Path, sid: str) -> Path:
-    return Path(state) / "streams" / f"{sid}.txt"
+def stream_path(runtime: Path, sid: str) -> Path:
+    return Path(runtime) / "streams" / f"{sid}.txt"
 
 
 class ReplyStream:
     """The text of one model call as it arrives; the file goes when the call ends (its reply is then
     in history.jsonl). Writing is best effort: a full disk never fails the model call."""
 
-    def __init__(self, state: Path, sid: str):
+    def __init__(self, runtime: Path, sid: str):
         self.sid = sid
-        self.path = stream_path(state, sid)
+        self.path = stream_path(runtime, sid)
         self.fd: int | None = None
         self.closed = False
         self.lock = threading.Lock()  # the provider's thread writes; the gateway's thread closes
@@ -56,6 +59,7 @@ class ReplyStream:
         with self.lock:
             if not text or self.closed:  # an abandoned call may still be producing: not shown
                 return
+            text = redact.text(text)
             try:
                 if self.fd is None:  # opened at the first text: calls that do not stream leave no file
                     self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Requests from the command line to a running runner, as files: run code in a session's live kernel
 (`primefs exec`), or hand out its kernel's connection file (`primefs kernel`).
 
-The CLI writes `.primefs/requests/<id>.json`; the runner claims it (renames it to `<id>.taken`), does
+The CLI writes `<runtime>/requests/<id>.json` (the private runtime folder, `$TMPDIR/primefs-<uid>/<hash>/`,
+mode 0700, hidden from sandboxed kernels: no kernel can ask for code to run in another); the runner claims it (renames it to `<id>.taken`), does
 the work in a thread of its own and writes `<id>.reply`; the CLI reads the reply and removes both.
 A runner that dies meanwhile leaves the CLI waiting until its timeout, which says so.
 """
@@ -23,7 +24,7 @@ BUSY_WAIT_S = 60.0  # exec during a turn waits this long for the cells of the cu
 
 
 def requests_dir(ws) -> Path:
-    return ws.state / "requests"
+    return ws.runtime / "requests"
 
 
 def ask_runner(ws, op: str, timeout: float, **fields) -> dict:

@@ -1,9 +1,11 @@
 """Kernels as local processes, forked from one template process (forkserver.py).
 
-Each kernel gets a token that is never reused; a request on the runner's socket is served only if
-its token belongs to a live kernel *and* the calling process (SO_PEERCRED) is that kernel or one of
-its descendants. Kernels are non-dumpable, run in their own process group with a scrubbed
-environment, and die with the template, which dies with the runner (EOF on its stdin).
+Each kernel gets a signing key and a token that are never reused and never pass through the template:
+the kernel fetches them itself (`hello`, once, from the process tree of the pid the template reported).
+A request on the runner's socket is served only if its token belongs to a live kernel *and* the calling
+process (SO_PEERCRED) is that kernel or one of its descendants. Kernels are non-dumpable, run in their own
+process group with a scrubbed environment, and die with the template, which dies with the runner (EOF on
+its stdin). A sandboxed kernel (sandbox.py) sees only its own socket folder, at sandbox.SOCKETS.
 """
 from __future__ import annotations
 
@@ -11,16 +13,19 @@ import itertools
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+from . import sandbox
+from .forkserver import kill_tree
 from .kernelclient import CellResult, KernelClient, connection_info
 from .kernelhost import Handler, KernelHandle, KernelHost, KernelSpec
 from .rpc import RpcServer
-from .sandbox import CGROUP_ROOTS
 
 # Environment variables a kernel may see; everything else (API keys above all) stays in the runner.
 SAFE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "SHELL",
@@ -65,9 +70,10 @@ def descends_from(pid: int, ancestor: int) -> bool:
 
 
 class LocalKernel(KernelHandle):
-    def __init__(self, host: "LocalKernelHost", session_id: str, token: str, pid: int, info: dict, base: Path):
-        self.host, self.session_id, self.token, self.pid = host, session_id, token, pid
-        self.base = base
+    def __init__(self, host: "LocalKernelHost", spec: KernelSpec, token: str, pid: int, info: dict, base: Path,
+                 cgroup: sandbox.Cgroup | None):
+        self.host, self.session_id, self.token, self.pid = host, spec.session_id, token, pid
+        self.spec, self.base, self.cgroup = spec, base, cgroup
         self.dead = False
         self.client = KernelClient(info, alive=self.alive, interrupt=self.interrupt)
 
@@ -90,22 +96,23 @@ class LocalKernel(KernelHandle):
             except OSError:
                 pass
 
+    def kill(self, why: str | None = None) -> None:
+        """End the kernel and everything it started (its cgroup, its pid namespace, or its tree)."""
+        if why and not self.lost:
+            self.lost = why
+        if not self.dead:
+            self.dead = True
+            kill_tree(self.pid)
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
     def shutdown(self) -> None:
         self.host.forget(self)
         self.client.close()
-        if not self.dead:
-            self.dead = True
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for i in range(1, 6):
-            _unlink(Path(f"{self.base}-{i}"))
-        for root in CGROUP_ROOTS:  # a sandboxed kernel's pids cgroup (as root), empty once it is gone
-            try:
-                os.rmdir(os.path.join(root, f"primefs-{os.getuid()}", self.base.name))
-            except OSError:
-                pass
+        self.kill()
+        shutil.rmtree(self.base, ignore_errors=True)
+        if self.cgroup is not None:
+            self.cgroup.remove()
         log = Path(f"{self.base}.log")
         try:
             if log.stat().st_size == 0:
@@ -118,17 +125,12 @@ class LocalKernelHost(KernelHost):
     name = "local"
 
     def __init__(self, runtime_dir: Path, cwd: Path, handler: Handler, log=lambda msg: None):
-        self.dir = Path(runtime_dir) / "kernels"
+        self.runtime = Path(runtime_dir).resolve()
+        self.dir = self.runtime / "kernels"
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in self.dir.iterdir():  # left by a killed runner (one runner per workspace: ours now)
-            _unlink(stale)
-        for root in CGROUP_ROOTS:  # empty pids cgroups of sandboxed kernels that are gone
-            folder = os.path.join(root, f"primefs-{os.getuid()}")
-            for name in os.listdir(folder) if os.path.isdir(folder) else []:
-                try:
-                    os.rmdir(os.path.join(folder, name))
-                except OSError:
-                    pass
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else _unlink(stale)
+        sandbox.remove_stale_cgroups()
         self.cwd = Path(cwd)
         self.handler = handler
         self.log = log
@@ -138,9 +140,13 @@ class LocalKernelHost(KernelHost):
         self._by_pid: dict[int, LocalKernel] = {}
         self._ids = itertools.count(1)
         self._waiting: dict[int, list] = {}  # request id -> [event, reply]
+        self._hellos: dict[int, dict] = {}  # request id -> {key, token, pid, known}: what its kernel fetches
         self._server: subprocess.Popen | None = None
         self._ready = threading.Event()
-        self.rpc = RpcServer(Path(runtime_dir) / "rpc.sock", self._serve)
+        self.rpc = RpcServer(self.runtime / "rpc.sock", self._serve)
+        if os.getuid() == 0:  # sandboxed kernels run as nobody; the folder is root's alone (0700)
+            os.chmod(self.rpc.path, 0o666)
+        self._watch: threading.Thread | None = None
         self._start_server()  # in the background: its imports overlap with the runner's own start
 
     # -- the template process ---------------------------------------------------------------------
@@ -169,6 +175,10 @@ class LocalKernelHost(KernelHost):
             elif "id" in msg:
                 with self._lock:
                     slot = self._waiting.get(msg["id"])
+                    hello = self._hellos.get(msg["id"])
+                if hello is not None and "pid" in msg:
+                    hello["pid"] = int(msg["pid"])
+                    hello["known"].set()
                 if slot is not None:
                     slot[1] = msg
                     slot[0].set()
@@ -181,7 +191,7 @@ class LocalKernelHost(KernelHost):
                 slot[0].set()
         self._ready.set()
 
-    def _spawn(self, request: dict) -> int:
+    def _spawn(self, rid: int, request: dict) -> int:
         with self._lock:
             if self._server is None or self._server.poll() is not None:
                 if not self.closed:
@@ -189,7 +199,6 @@ class LocalKernelHost(KernelHost):
                     self._start_server()
         if not self._ready.wait(START_TIMEOUT_S) or self._server.poll() is not None:
             raise RuntimeError(f"the kernel template process did not start; see {self.dir / 'forkserver.log'}")
-        rid = next(self._ids)
         slot = [threading.Event(), None]
         with self._lock:
             self._waiting[rid] = slot
@@ -211,19 +220,32 @@ class LocalKernelHost(KernelHost):
     def start(self, spec: KernelSpec) -> LocalKernel:
         if self.closed:
             raise RuntimeError("the kernel host is closed (the runner is stopping)")
+        rid = next(self._ids)
         token = secrets.token_hex(16)  # per kernel, never reused: a restarted kernel gets a new one
-        base = self.dir / f"{spec.session_id}-{next(self._ids)}"
-        info = connection_info(base)
-        setup = {**spec.setup, "sock": str(self.rpc.path), "token": token, "session_id": spec.session_id}
-        env = kernel_env()
-        box = None
-        if spec.sandbox:  # writable: the workspace and our socket folder, nothing else
-            box = {"settings": spec.sandbox, "writable": [str(spec.cwd), str(self.rpc.path.parent)],
-                   "tmpdir": spec.tmpdir or str(spec.cwd / ".primefs" / "tmp"), "name": base.name}
-            env["MALLOC_ARENA_MAX"] = "2"  # glibc reserves 64 MB of address space per thread otherwise
-        pid = self._spawn({"op": "spawn", "conn": info, "cwd": str(spec.cwd), "env": env, "setup": setup,
-                           "log": f"{base}.log", "sandbox": box})
-        k = LocalKernel(self, spec.session_id, token, pid, info, base)
+        base = self.dir / f"{spec.session_id}-{rid}"  # its sockets; a sandboxed kernel sees only this folder
+        base.mkdir(mode=0o700)
+        info = connection_info(base / "k")
+        conn, sock = {k: v for k, v in info.items() if k != "key"}, str(self.rpc.path)
+        env, box, cgroup = kernel_env(), None, None
+        hello = {"key": info["key"], "token": token, "pid": None, "known": threading.Event()}
+        with self._lock:
+            self._hellos[rid] = hello
+        try:
+            if spec.sandbox:
+                box, cgroup = self._box(spec, base)
+                conn["ip"], sock = f"{sandbox.SOCKETS}/k", f"{sandbox.SOCKETS}/rpc"
+                env["MALLOC_ARENA_MAX"] = "2"  # glibc reserves 64 MB of address space per thread otherwise
+            pid = self._spawn(rid, {"op": "spawn", "conn": conn, "sock": sock, "cwd": str(spec.cwd), "env": env,
+                                    "setup": {**spec.setup, "session_id": spec.session_id}, "log": f"{base}.log",
+                                    "sandbox": box})
+        except BaseException:
+            with self._lock:
+                self._hellos.pop(rid, None)
+            shutil.rmtree(base, ignore_errors=True)
+            if cgroup is not None:
+                cgroup.remove()
+            raise
+        k = LocalKernel(self, spec, token, pid, info, base, cgroup)
         with self._lock:
             self._by_token[token] = k
             self._by_pid[pid] = k
@@ -236,7 +258,46 @@ class LocalKernelHost(KernelHost):
         except BaseException:
             k.shutdown()
             raise
+        finally:
+            with self._lock:
+                self._hellos.pop(rid, None)
+        if cgroup is not None or spec.sandbox:
+            self._start_watch()
         return k
+
+    def _box(self, spec: KernelSpec, base: Path) -> tuple[dict, sandbox.Cgroup | None]:
+        """What sandbox.enter() needs for this kernel, and its cgroup (None where no cgroup can be made:
+        then limits are per process)."""
+        uid, gid = sandbox.kernel_ids()
+        os.link(self.rpc.path, base / "rpc")  # the runner's socket, seen inside as SOCKETS/rpc
+        if uid != os.getuid():
+            os.chown(base, uid, gid)
+        settings = spec.sandbox
+        cgroup = sandbox.Cgroup.make(base.name, int(settings["memory_mb"]), int(settings["processes"]))
+        box = sandbox.box_for(settings, spec.workspace, spec.rooms, spec.cwd, sockets=str(base),
+                              hide=[self.runtime.parent], cgroup=cgroup)
+        return box, cgroup
+
+    # -- limits over a kernel's tree --------------------------------------------------------------
+    def _start_watch(self) -> None:
+        with self._lock:
+            if self._watch is None:
+                self._watch = threading.Thread(target=self._watch_loop, name="primefs-kernel-limits", daemon=True)
+                self._watch.start()
+
+    def _watch_loop(self) -> None:
+        """CPU seconds of a sandboxed kernel's whole tree (its cgroup) and the size of its room, against
+        `cpu_s` and `disk_mb`: past either, the kernel and all it started are ended."""
+        while not self.closed:
+            with self._lock:
+                kernels = [k for k in self._by_token.values() if k.spec.sandbox and not k.dead]
+            for k in kernels:
+                box = k.spec.sandbox
+                if k.cgroup is not None and k.cgroup.cpu_seconds() > float(box["cpu_s"]):
+                    k.kill(f"its processes used more than sandbox.cpu_s ({box['cpu_s']} CPU seconds)")
+                elif k.client.busy and room_bytes(k.spec.rooms[:1]) > int(box["disk_mb"]) * 1024 * 1024:
+                    k.kill(f"its room sessions/{k.session_id}/work/ grew past sandbox.disk_mb ({box['disk_mb']} MB)")
+            time.sleep(WATCH_S)
 
     def forget(self, k: LocalKernel) -> None:
         with self._lock:
@@ -249,6 +310,8 @@ class LocalKernelHost(KernelHost):
             return sorted(self._by_pid)
 
     def _serve(self, token: str, peer: int, op: str, args: dict):
+        if op == "hello":
+            return self._hello(peer, args.get("spawn"))
         with self._lock:
             k = self._by_token.get(token)
         if k is None or k.dead:
@@ -257,6 +320,17 @@ class LocalKernelHost(KernelHost):
             raise PermissionError("request refused: the caller is not a process of the kernel this token "
                                   "was issued to")
         return self.handler(k.session_id, op, args)
+
+    def _hello(self, peer: int, rid) -> dict:
+        """A new kernel's key and token: once, and only to the process tree the template forked for it."""
+        with self._lock:
+            hello = self._hellos.get(rid) if isinstance(rid, int) else None
+        if hello is None or not hello["known"].wait(START_TIMEOUT_S) or not descends_from(peer, hello["pid"]):
+            raise PermissionError("request refused: no kernel of this caller is starting")
+        with self._lock:
+            if self._hellos.pop(rid, None) is None:
+                raise PermissionError("request refused: this kernel's key was handed out already")
+        return {"key": hello["key"], "token": hello["token"]}
 
     def close(self) -> None:
         self.closed = True
@@ -276,6 +350,22 @@ class LocalKernelHost(KernelHost):
                 server.kill()
                 server.wait(5)
         self.rpc.close()
+
+
+WATCH_S = 1.0
+
+
+def room_bytes(rooms: list) -> int:
+    """Bytes of the files in these folders (links not followed)."""
+    total = 0
+    for room in rooms:
+        for folder, _dirs, files in os.walk(room):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+                except OSError:
+                    pass
+    return total
 
 
 def _last_line(path: Path) -> str:

@@ -1,6 +1,6 @@
 """Models as the user sees them: aliases, what each resolves to, and whether its key is set.
 
-Keys are checked without importing litellm (seconds): from the alias (`api_key`, `api_key_env`), else
+Keys are checked without importing litellm (seconds): from the alias (`api_key_env`, `api_key_file`), else
 from the provider's standard variable, by the model id's prefix or, for a bare id, the provider named
 in litellm's bundled price list.
 """
@@ -40,6 +40,18 @@ def _price_list() -> dict:
     return {}
 
 
+def key_from_file(path: str) -> str:
+    """An alias's `api_key_file`: the key is the file's text, stripped (a file outside the workspace, so no
+    kernel reads it)."""
+    try:
+        key = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PrimefsError(f"cannot read the key file {path} (api_key_file): {getattr(exc, 'strerror', exc)}") from None
+    if not key:
+        raise PrimefsError(f"the key file {path} (api_key_file) is empty")
+    return key
+
+
 def provider_of(model_id: str) -> str:
     prefix = model_id.split("/", 1)[0] if "/" in model_id else None
     if prefix:
@@ -58,6 +70,12 @@ def key_status(settings: dict, env=None) -> tuple[str, str | None]:
         return "not needed", None
     if settings.get("api_key"):
         return "in primefs.yaml", None
+    if settings.get("api_key_file"):
+        try:
+            key_from_file(settings["api_key_file"])
+            return f"in {settings['api_key_file']}", None
+        except PrimefsError as exc:
+            return "key file unreadable", str(exc)
     if settings.get("api_key_env"):
         var = settings["api_key_env"]
         return (f"{var} is set", None) if env.get(var) else \

@@ -1,7 +1,8 @@
 """The plugin manager: built-ins, installed plugins (entry-point group `primefs`), workspace plugins/*.py.
 
 Set PRIMEFS_LOAD_PLUGINS=0 to load only the built-ins (tests, or to rule out a broken plugin).
-A workspace plugin that fails to import is reported and skipped, never fatal.
+A workspace plugin that fails to import is reported and skipped, never fatal; one that is not trusted
+(trust.py: new, or changed since `primefs trust`) is reported and never imported.
 """
 from __future__ import annotations
 
@@ -40,8 +41,18 @@ def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
     if os.environ.get("PRIMEFS_LOAD_PLUGINS", "1") != "0":
         _load_entry_points(pm)
         if workspace_root is not None:
-            for path in sorted((Path(workspace_root) / "plugins").glob("*.py")):
-                _load_file(pm, path)
+            from . import trust
+            from .workspace import Workspace
+
+            ws = Workspace(workspace_root)
+            for path in sorted(ws.plugins.glob("*.py")):
+                rel = path.relative_to(ws.root).as_posix()
+                if trust.trusted(ws, rel):
+                    _load_file(pm, path)
+                else:
+                    pm.primefs_failed.append({"name": f"workspace:{path.name}", "source": str(path),
+                                              "kind": "workspace file",
+                                              "error": trust.untrusted_note(rel, "this plugin is")})
     return pm
 
 

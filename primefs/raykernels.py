@@ -287,7 +287,7 @@ class RayKernelHost(KernelHost):
         for _ in range(3):  # a node lost while its kernel starts: the next node
             rn = self._place(need)
             try:
-                info = self.ray.get(rn.actor.start.remote(spec.session_id, dict(spec.setup), spec.sandbox, spec.tmpdir),
+                info = self.ray.get(rn.actor.start.remote(spec.to_dict()),
                                     timeout=START_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001
                 with self.cond:

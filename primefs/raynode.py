@@ -65,12 +65,11 @@ class NodeKernels:
         return {"node_id": self.node_id, "hostname": socket.gethostname(), "pid": os.getpid(),
                 "workspace_ok": (self.workspace / "primefs.yaml").is_file()}
 
-    async def start(self, session_id: str, setup: dict, sandbox: dict | None = None, tmpdir: str | None = None) -> dict:
+    async def start(self, spec: dict) -> dict:
         if self.host is None:
             raise RuntimeError(f"the workspace {self.workspace} is not mounted on this node")
         # the node's fork server enters the sandbox, as the runner's does for local kernels
-        k = await self._run(self.host.start, KernelSpec(session_id, self.workspace, setup=setup, sandbox=sandbox,
-                                                        tmpdir=tmpdir))
+        k = await self._run(self.host.start, KernelSpec.from_dict(spec))
         self.kernels[k.token] = k
         return {"token": k.token, "pid": k.pid}
 

@@ -12,7 +12,7 @@ import re
 import threading
 
 MARK = "[redacted]"
-MIN_LEN = 8
+MIN_LEN = 8  # settings.SECRET_LEN: primefs.yaml may hold an api_key shorter than this
 KEY_VARS = re.compile(r"(API_?KEY|SECRET|_TOKEN$|^TOKEN$|ACCESS_KEY|PASSWORD|PASSWD)", re.IGNORECASE)
 KEY_SHAPES = (r"sk-(?:ant-|proj-|live-|test-)?[A-Za-z0-9_\-]{20,}", r"(?:AKIA|ASIA)[0-9A-Z]{16}",
               r"gh[pousr]_[A-Za-z0-9]{30,}", r"github_pat_[A-Za-z0-9_]{40,}", r"xox[abprs]-[A-Za-z0-9\-]{10,}",
@@ -56,6 +56,11 @@ def workspace_secrets(config: dict, env=None) -> set[str]:
                 out.add(alias["api_key"])
             if isinstance(alias.get("api_key_env"), str) and env.get(alias["api_key_env"]):
                 out.add(env[alias["api_key_env"]])
+            if isinstance(alias.get("api_key_file"), str):
+                try:
+                    out.add(open(os.path.expanduser(alias["api_key_file"]), encoding="utf-8").read().strip())
+                except (OSError, UnicodeDecodeError):
+                    pass
     for server in (config.get("mcp_servers") or {}).values():
         if isinstance(server, dict):
             for section in ("env", "headers"):

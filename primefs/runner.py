@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from . import archive, redact, warmup
+from . import archive, redact, sandbox, warmup
 from .agent import Agent
 from .alive import Alive
 from .bell import Bell
@@ -36,6 +36,7 @@ from .plugins import end_conditions, plugin_manager, providers
 from .postoffice import PostOffice
 from .scheduler import Scheduler
 from .services import KernelServices
+from .settings import check_sandbox
 from .toolbox import ToolBox
 from .session import Session
 from .tree import SessionTree
@@ -177,6 +178,8 @@ class Runner:
         self._handle_sigterm()
         try:
             self.host = self._kernel_host()
+            threading.Thread(target=self.guarded, args=("the sandbox check", self._say_sandbox), daemon=True,
+                             name="primefs-sandbox-check").start()
             self.toolbox.start()
             self.turns.committer = Committer(self.ws.root)
             if not once:  # a runner that keeps running: from its configuration alone, as early as can be
@@ -196,6 +199,14 @@ class Runner:
             if observer is not None:
                 observer.stop()
             self._shutdown()
+
+    def _say_sandbox(self) -> None:
+        """Once, at start: a sandbox that cannot be had here, or limits it can only keep per process."""
+        box = check_sandbox(self.ws.config.get("sandbox"), "primefs.yaml", self.ws.root)
+        if box and box.get("default") and sandbox.unavailable():
+            self.log(f"warning: sandbox: {sandbox.NONE_HERE}: {sandbox.unavailable()}")
+        elif box and sandbox.weaker_limits():
+            self.log(f"warning: sandbox: {sandbox.weaker_limits()}")
 
     def _warm_up(self, once: bool) -> None:
         """`import litellm` in the background if a model it serves is about to be called (warmup.py)."""
@@ -296,16 +307,19 @@ class Runner:
 
     def hint(self, path: Path) -> None:
         """A file event: look at that goal, session or harness entry now (the files decide)."""
+        if path.parent == self.requests.dir:
+            if self.intake.check_config():
+                self._configure()
+            self.requests.take(path)
+            return
         try:
             rel = path.relative_to(self.ws.root).parts
         except ValueError:
             return
-        if rel[:1] == ("goals",) or rel[:2] == (".primefs", "requests"):
+        if rel[:1] == ("goals",):
             if self.intake.check_config():  # e.g. a goal for a model just added to primefs.yaml
                 self._configure()
-        if rel[:2] == (".primefs", "requests"):
-            self.requests.take(path)
-        elif rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
+        if rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
             self.intake.scan_goals()
         elif rel[:1] == ("harness",) or (len(rel) > 2 and rel[0] == "sessions" and rel[2] == "harness"):
             self.intake.harness_touched()

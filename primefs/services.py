@@ -2,7 +2,8 @@
 
 The kernel host has already verified the caller (its token, and the calling process), and hands
 over the caller's session id: `from` on every message, the parent of every child and the session
-every model call is accounted to are derived from it, never taken from code.
+every model call is accounted to are derived from it, never taken from code. Every answer a kernel
+gets is redacted (redact.py): model replies, tool results, children's results, mail.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import inspect
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from . import mail, tracing
+from . import mail, redact, tracing
 from .bell import Bell, Stopping
 from .errors import PrimefsError
 from .fsutil import check_name
@@ -51,7 +52,12 @@ class KernelServices:
             inspect.signature(method).bind(agent, **args)
         except TypeError as exc:
             raise ValueError(f"bad arguments for {op}: {exc}") from None
-        return method(agent, **args)
+        try:  # what reaches a kernel never holds a known secret (a model or a tool may echo one)
+            return redact.value(method(agent, **args))
+        except Exception as exc:
+            if redact.text(str(exc)) != str(exc):
+                exc.args = (redact.text(str(exc)),)
+            raise
 
     # -- model calls ------------------------------------------------------------------------------
     def _settings(self, agent, model: str | None) -> dict:

@@ -13,7 +13,7 @@ from . import redact
 from . import summary as summaries
 from .errors import PrimefsError
 from .frontmatter import dump_yaml, load_yaml
-from .fsutil import write_atomic
+from .fsutil import read_regular, write_atomic
 from .history import History, read_events
 from .index import Index
 from .settings import STATUSES, check_session_meta
@@ -102,16 +102,16 @@ class Session:
 
     @property
     def task(self) -> str:
-        return (self.dir / "task.md").read_text(encoding="utf-8")
+        return read_regular(self.dir / "task.md")
 
     def read_result(self) -> str | None:
         try:
-            return (self.dir / "result.md").read_text(encoding="utf-8")
-        except FileNotFoundError:
+            return read_regular(self.dir / "result.md")
+        except OSError:  # none yet (or not a regular file)
             return None
 
     def write_result(self, text: str) -> None:
-        write_atomic(self.dir / "result.md", redact.text(text))
+        write_atomic(self.dir / "result.md", text)
 
     def events(self, type: str | None = None) -> list[dict]:
         return read_events(self.dir / "history.jsonl", type)
@@ -144,9 +144,9 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
             "model": model, "goal": goal, "context": list(context or []), "created": now, "updated": now}
     meta.update(json.loads(json.dumps(extra or {}, default=str)))  # plain data: ruamel types can't be dumped safe
     for fname, text in (files or {}).items():  # a parent's context value: data as files, never prompt text
-        (final / fname).write_text(text, encoding="utf-8")
+        write_atomic(final / fname, text, durable=False)
         meta["context_data"] = f"{sessions_dir.name}/{sid}/{fname}"
-    (final / "task.md").write_text(task, encoding="utf-8")
+    write_atomic(final / "task.md", task, durable=False)
     (final / "history.jsonl").touch()
     write_atomic(final / "session.yaml", dump_yaml(meta, safe=True))
     return Session(final)

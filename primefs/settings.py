@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 from .errors import PrimefsError
 
+SECRET_LEN = 8  # shorter values (`none`, `x`) are no secrets: redact.py ignores them too
 ABOVE_ZERO = -0.0  # as a lowest bound: the value must be above 0 (a 0 timeout would hang or stop all)
 
 # key: (default, kind, lowest, highest). kind "int" takes whole numbers (5.0 too), "num" any number.
@@ -93,7 +95,7 @@ def _short(value) -> str:
 
 
 # -- primefs.yaml ---------------------------------------------------------------------------------
-def check_config(data, where: str = "primefs.yaml") -> dict:
+def check_config(data, where: str = "primefs.yaml", root: Path | None = None) -> dict:
     """The whole primefs.yaml: a mapping; model, models, limits, mcp_servers and sandbox well formed."""
     if data is None:
         return {}
@@ -107,10 +109,14 @@ def check_config(data, where: str = "primefs.yaml") -> dict:
             raise PrimefsError(f"{where}: `models:` must be a mapping of alias: settings")
         for alias, settings in models.items():
             check_alias(alias, settings, where)
+            key_file = (settings or {}).get("api_key_file")
+            if key_file and root is not None and Path(key_file).expanduser().resolve().is_relative_to(Path(root).resolve()):
+                raise PrimefsError(f"{where}: models.{alias}.api_key_file must be outside the workspace (every "
+                                   "kernel reads the workspace)")
     if data.get("limits") is not None:
         check_limits(data["limits"], where)
     if data.get("sandbox") is not None:
-        check_sandbox(data["sandbox"], where)
+        check_sandbox(data["sandbox"], where, root)
     if data.get("mcp_servers") is not None:
         from .mcptools import check_servers
 
@@ -131,9 +137,13 @@ def check_alias(alias, settings, where: str) -> None:
         settings = {}
     if not isinstance(settings, dict):
         raise PrimefsError(f"{at} must be a mapping (model: ..., tool_mode: ...)")
-    for key in ("model", "api_key_env", "provider", "script", "api_base", "api_key"):
+    for key in ("model", "api_key_env", "api_key_file", "provider", "script", "api_base", "api_key"):
         if settings.get(key) is not None:
             _text(settings[key], f"{at}.{key}")
+    if settings.get("api_key") is not None and len(settings["api_key"]) >= SECRET_LEN:
+        raise PrimefsError(f"{at}.api_key: a key written in primefs.yaml can be read by every kernel (they read "
+                           "the workspace) and is in git's history; name an environment variable of the "
+                           "runner with api_key_env, or a file outside the workspace with api_key_file")
     if settings.get("tool_mode") is not None and settings["tool_mode"] not in TOOL_MODES:
         raise PrimefsError(f"{at}.tool_mode must be native or fenced, not {_short(settings['tool_mode'])}")
     if settings.get("stream") is not None and not isinstance(settings["stream"], bool):
@@ -158,28 +168,40 @@ SANDBOX = {  # key: (default, kind, lowest, highest)
     "cpu_s":      (3600, "int", 1, 30 * 86400),
     "processes":  (256, "int", 1, 100_000),
     "open_files": (1024, "int", 16, 1_000_000),
+    "disk_mb":    (10240, "int", 1, 100_000_000),
 }
+OFF, ON = ("off", "false", "no"), ("on", "true", "yes")  # `sandbox: off` is text to YAML, False to a person
 
 
-def check_sandbox(value, where: str) -> dict | None:
-    """`sandbox:` (primefs.yaml or a goal): true/false, or a mapping of the keys above (enabled:
-    true implied). Returns the full settings, or None for no sandbox."""
-    if value is None or value is False:
+def check_sandbox(value, where: str, root: Path | None = None) -> dict | None:
+    """`sandbox:` (primefs.yaml or a goal): on/true, off/false, or a mapping of the keys above (enabled:
+    true implied; `write:` folders a person lets the kernel write, workspace-relative or absolute).
+    Absent (None): on, marked `default` (where the machine has no sandbox, the runner then says so and
+    goes on without one). Returns the full settings, or None for no sandbox."""
+    if value is None:
+        return {**{k: v[0] for k, v in SANDBOX.items()}, "write": [], "default": True}
+    if isinstance(value, str) and value.strip().lower() in OFF + ON:
+        value = value.strip().lower() in ON
+    if value is False:
         return None
     if value is True:
         value = {}
     if not isinstance(value, dict):
-        raise PrimefsError(f"{where}: `sandbox:` is true, false, or a mapping of {', '.join(SANDBOX)}")
+        raise PrimefsError(f"{where}: `sandbox:` is on, off, or a mapping of {', '.join(SANDBOX)}, write")
     if value.get("enabled") is False:
         return None
     out = {k: v[0] for k, v in SANDBOX.items()}
+    out["write"] = []
     for key, v in value.items():
         if key == "enabled":
             if not isinstance(v, bool):
                 raise PrimefsError(f"{where}: sandbox.enabled must be true or false")
             continue
+        if key == "write":
+            out["write"] = _write_grants(v, f"{where}: sandbox.write", root)
+            continue
         if key not in SANDBOX:
-            raise PrimefsError(f"{where}: unknown sandbox key {key!r} (known: enabled, {', '.join(SANDBOX)})")
+            raise PrimefsError(f"{where}: unknown sandbox key {key!r} (known: enabled, {', '.join(SANDBOX)}, write)")
         _, kind, low, high = SANDBOX[key]
         if kind == "bool":
             if not isinstance(v, bool):
@@ -187,6 +209,26 @@ def check_sandbox(value, where: str) -> dict | None:
             out[key] = v
         else:
             out[key] = number(v, f"{where}: sandbox.{key}", kind, low, high)
+    return out
+
+
+def _write_grants(value, where: str, root: Path | None) -> list[str]:
+    """Folders a kernel may write besides its room: existing folders, absolute once checked."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or len(items) > 64:
+        raise PrimefsError(f"{where} must be a folder or a list of at most 64 folders")
+    out = []
+    for item in items:
+        _text(item, where, 4096)
+        path = Path(item).expanduser()
+        if not path.is_absolute():
+            if root is None:
+                raise PrimefsError(f"{where}: {item!r} must be an absolute path here")
+            path = Path(root) / path
+        path = path.resolve()
+        if not path.is_dir() or str(path) == "/":
+            raise PrimefsError(f"{where}: {item!r} is not a folder")
+        out.append(str(path))
     return out
 
 

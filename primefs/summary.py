@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .errors import PrimefsError
 from .frontmatter import load_yaml, loads_yaml
-from .fsutil import write_atomic
+from .fsutil import open_regular, write_atomic
 from .history import check_at, iter_lines, still_there
 from .settings import check_session_meta
 
@@ -136,7 +136,7 @@ def _history(s: dict, path: Path) -> bool:
     if old is not None and (key[0] != old[0] or (key[2] == old[2] and key[1] != old[1])):
         _forget_history(s)  # another file, or changed in place without growing: not an append, count again
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             read_history(s, f, key[2])
     except OSError:
         return False
@@ -171,7 +171,8 @@ def _meta(s: dict, folder: Path, meta: dict | None, meta_key) -> bool:
 def load(folder: Path) -> dict | None:
     """The summary file as written, or None if missing or not one of ours."""
     try:
-        data = json.loads((Path(folder) / FILE).read_bytes())
+        with open_regular(Path(folder) / FILE) as f:
+            data = json.loads(f.read())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("id") != Path(folder).name:

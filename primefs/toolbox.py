@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from . import tools as T
+from .fsutil import write_atomic
 
 BIG_RESULT_BYTES = 256 * 1024  # larger results travel as a file, not over the socket
 
@@ -28,7 +29,12 @@ class ToolBox:
 
     def start(self, background: bool = True) -> None:
         """Start the MCP servers (in the background: the first session that needs tools waits)."""
+        from . import trust
+
         servers = self.ws.config.get("mcp_servers")
+        if servers and not trust.trusted(self.ws, trust.CONFIG):
+            self.log(f"warning: {trust.untrusted_note(trust.CONFIG, 'mcp_servers (commands the runner starts) are')}")
+            servers = None
         if not servers:
             self._hub_ready.set()
             return
@@ -90,10 +96,11 @@ class ToolBox:
         return {"value": result}
 
     def _spill(self, session_dir: Path, name: str, data: str) -> str:
-        folder = session_dir / "kernel" / "tool-results"
+        # kernel/ is the kernel's own folder (its uid's, in a sandbox): the kernel removes the file once read
+        folder = session_dir / "kernel"
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{time.time_ns()}-{name}.json"
-        path.write_text(data, encoding="utf-8")
+        path = folder / f"tool-result-{time.time_ns()}-{name}.json"
+        write_atomic(path, data, durable=False)
         return str(path)
 
     def close(self) -> None:

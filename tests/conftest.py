@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hypothesis import settings as hypothesis_settings  # noqa: E402
 from openai_server import ScriptServer  # noqa: E402
 
+from primefs import trust  # noqa: E402
 from primefs.daemon import lock_held  # noqa: E402
 from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
 from primefs.runner import Runner  # noqa: E402
@@ -45,7 +46,8 @@ def server():
 
 
 def configure(ws: Workspace, **changes) -> Workspace:
-    """Edit primefs.yaml (round trip) and return a fresh Workspace that reads it."""
+    """Edit primefs.yaml (round trip) and return a fresh Workspace that reads it. The test is the person:
+    what it writes is trusted (its mcp_servers, a sandbox turned off)."""
     path = ws.root / "primefs.yaml"
     data = load_yaml(path)
     for key, value in changes.items():
@@ -54,12 +56,14 @@ def configure(ws: Workspace, **changes) -> Workspace:
         else:
             data[key] = value
     path.write_text(dump_yaml(data))
-    return Workspace(ws.root)
+    fresh = Workspace(ws.root)
+    trust.trust(fresh, ["primefs.yaml"])
+    return fresh
 
 
 def use_server(ws: Workspace, srv: ScriptServer, *, tool_mode="native", stream=False, limits=None) -> Workspace:
     """Point the workspace's default model at the scripted server through litellm."""
-    alias = {"model": "openai/test-model", "api_base": srv.url, "api_key": "test-key", "tool_mode": tool_mode}
+    alias = {"model": "openai/test-model", "api_base": srv.url, "api_key": "none", "tool_mode": tool_mode}
     if stream:
         alias["stream"] = True
     lim = {"model_retry_backoff_s": 0.01, "cell_timeout_s": 20}

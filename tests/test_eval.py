@@ -130,6 +130,7 @@ def test_plugins_from_a_package_and_from_the_workspace_folder(tmp_path):
     (site / "tinybench-0.1.dist-info" / "entry_points.txt").write_text("[primefs]\ntinybench = tinybench\n")
     assert cli("init", "ws", cwd=tmp_path).returncode == 0
     (tmp_path / "ws" / "plugins" / "wsbench.py").write_text(BENCH_PLUGIN.format(name="tiny-workspace"))
+    assert cli("trust", "plugins/wsbench.py", cwd=tmp_path / "ws").returncode == 0
     r = cli("eval", "--list", "-w", "ws", cwd=tmp_path, env={"PYTHONPATH": str(site)})
     assert "tiny-package: a tiny test benchmark" in r.stdout and "tiny-workspace: a tiny test benchmark" in r.stdout
     r = cli("eval", "tiny-workspace", "--oracle", "-w", "ws", "--n", "2", "--out", "t", cwd=tmp_path)

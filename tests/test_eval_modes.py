@@ -99,12 +99,12 @@ def test_rerun_records_resolved_settings_without_secrets_and_says_what_differs(t
     script.write_text(SCRIPT)
     conf = (tmp_path / "ws" / "primefs.yaml").read_text().replace(
         "models:\n", f"models:\n  s:\n    model: scripted/{script}\n    temperature: 0.1\n"
-                     "    api_key: sekrit-123\n    extra_headers: {Authorization: Bearer sekrit-456}\n", 1)
+                     "    api_key: sekr\n    extra_headers: {Authorization: Bearer sekrit-456}\n", 1)
     (tmp_path / "ws" / "primefs.yaml").write_text(conf)
     r = cli("eval", "needle", "-w", "ws", "-m", "s", "-n", "1", "--out", "run", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     recorded = (tmp_path / "run" / "config.yaml").read_text()
-    assert "sekrit" not in recorded
+    assert "sekr" not in recorded
     record = load_yaml(tmp_path / "run" / "config.yaml")
     assert record["model_settings"] == {"model": f"scripted/{script}", "temperature": 0.1,
                                         "extra_headers": {}, "tool_mode": "native"}
@@ -185,6 +185,7 @@ def test_file_benchmark_bad_input_is_one_line(tmp_path, lines, args, message):
 def test_plugins_of_the_current_workspace_and_where_an_unknown_benchmark_was_looked_for(tmp_path):
     assert cli("init", "ws", cwd=tmp_path).returncode == 0
     (tmp_path / "ws" / "plugins" / "wsbench.py").write_text(BENCH_PLUGIN.format(name="tiny-workspace"))
+    assert cli("trust", "--all", cwd=tmp_path / "ws").returncode == 0
     (tmp_path / "ws" / "sub").mkdir()
     r = cli("eval", "tiny-workspace", "--oracle", "-n", "2", "--out", str(tmp_path / "o"), cwd=tmp_path / "ws" / "sub")
     assert r.returncode == 0, r.stderr

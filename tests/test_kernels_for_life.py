@@ -116,7 +116,7 @@ def test_snapshots_off_means_nothing_comes_back(ws):
     s = named(ws, "f")
     mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="go on")
     run_once(ws)
-    assert s.events("cell")[1]["output"] == "False\n" and not (s.dir / "kernel").exists()
+    assert s.events("cell")[1]["output"] == "False\n" and not (s.dir / "kernel" / "manifest.json").exists()
     assert "variables you made are gone" in notices(s)[-1]
 
 
@@ -151,8 +151,10 @@ rules:
   - match: "^Thief"
     replies:
       - code: |
+          import os
           from primefs.rpc import call
-          sock, tok = open('stolen.txt').read().split()
+          sock, tok = open('../../../stolen.txt').read().split()  # from the room: sessions/<id>/work/
+          sock = sock if os.path.exists(sock) else '/tmp/.primefs/rpc'  # a sandboxed kernel's view of it
           for op, args in [('send', {'to': 'parent', 'text': 'x'}),
                            ('harness_put', {'kind': 'note', 'name': 'forged', 'body': 'b', 'scope': 'global'})]:
               try:

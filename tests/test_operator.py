@@ -135,9 +135,13 @@ def test_models_and_plugins(ws, monkeypatch):
     (ws.plugins / "broken.py").write_text("raise RuntimeError('boom')\n")
     (ws.plugins / "fine.py").write_text("import pluggy\nhookimpl = pluggy.HookimplMarker('primefs')\n\n"
                                         "@hookimpl\ndef register_end_conditions():\n    return {}\n")
+    assert cli(ws, "trust", "plugins/broken.py", "plugins/fine.py").returncode == 0
+    (ws.plugins / "planted.py").write_text("open('/tmp/primefs-planted-ran', 'w')\n")  # nobody trusted it
     r = subprocess.run([*PRIMEFS, "-w", str(ws.root), "plugins", "--json"], capture_output=True, text=True,
                        env={**env_less, "PRIMEFS_LOAD_PLUGINS": "1"})
     plugins = {p["name"]: p for p in json.loads(r.stdout)}
+    assert not plugins["workspace:planted.py"]["loaded"] and "not trusted" in plugins["workspace:planted.py"]["error"]
+    assert not os.path.exists("/tmp/primefs-planted-ran")
     assert plugins["workspace:fine.py"]["loaded"] and plugins["workspace:fine.py"]["hooks"] == ["register_end_conditions"]
     assert not plugins["workspace:broken.py"]["loaded"] and "boom" in plugins["workspace:broken.py"]["error"]
     assert plugins["primefs.builtin"]["kind"] == "built-in"
@@ -240,7 +244,7 @@ def test_replies_are_shown_as_they_stream(ws, daemon_cleanup):
         assert cli(ws, "goal", "talk", "--name", "t").returncode == 0
         runner = start_runner(ws, "-v", "--once")
         try:
-            seen = wait_for(lambda: (ws.state / "streams").is_dir() and list((ws.state / "streams").iterdir()),
+            seen = wait_for(lambda: (ws.runtime / "streams").is_dir() and list((ws.runtime / "streams").iterdir()),
                             30, "stream file")
             # another process follows it: the first piece shows before the reply is complete
             follower = subprocess.Popen([*PRIMEFS, "-w", str(ws.root), "log", "t", "-f"], stdout=subprocess.PIPE,
@@ -264,7 +268,7 @@ def test_replies_are_shown_as_they_stream(ws, daemon_cleanup):
         assistant, result = stdout.split(" t result\n")
         assert assistant.count("Hello from a slow stream, in pieces.") == 1 and assistant.count(" t assistant") == 1
         assert result.startswith("Hello from a slow stream, in pieces.")
-        assert not list((ws.state / "streams").iterdir())  # gone when the call ended
+        assert not list((ws.runtime / "streams").iterdir())  # gone when the call ended
 
 
 @pytest.mark.slow
@@ -277,7 +281,7 @@ def test_stopping_takes_seconds_while_the_embedded_model_generates(ws, daemon_cl
     runner = start_runner(ws) if how == "ctrl-c" else None
     if runner is None:
         assert cli(ws, "up").returncode == 0
-    streams = ws.state / "streams"
+    streams = ws.runtime / "streams"
     wait_for(lambda: streams.is_dir() and list(streams.iterdir()), 120, "the model generating")
     time.sleep(1)
     pid = runner.pid if runner is not None else json.loads((ws.state / "runner.json").read_text())["pid"]

@@ -1,7 +1,9 @@
-"""Sandbox mode: kernels with no network, writes only in the workspace, memory, CPU, process and file caps.
+"""The sandbox: kernels with no network, writes only in their room, memory, CPU, process and file caps over
+their whole process tree.
 
-Each limit is proved from inside a real forked kernel; then end to end through the runner (primefs.yaml
-`sandbox:`, a goal turning it off), and once as a normal user when the tests run as root."""
+Each limit is proved from inside a real forked kernel; then end to end through the runner (on by default,
+turned off only by a goal the person trusts), and once as a normal user when the tests run as root. The
+attacks of one session on another and on the runner are in test_isolation.py."""
 from __future__ import annotations
 
 import os
@@ -13,8 +15,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import configure, run_once
+from conftest import configure, run_once, wait_for
 
+from primefs import trust
+from primefs.errors import PrimefsError
 from primefs.goals import write_goal
 from primefs.kernelhost import KernelSpec
 from primefs.localkernels import LocalKernelHost
@@ -29,14 +33,15 @@ def boxed(tmp_path_factory):
     """One sandboxed kernel (and a listening socket outside it) for the limit tests."""
     root = tmp_path_factory.mktemp("sandbox")
     ws = root / "ws"
-    ws.mkdir()
+    room = ws / "sessions" / "s" / "work"
+    room.mkdir(parents=True)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     host = LocalKernelHost(root / "rt", ws, lambda *a: "ok")
-    spec = KernelSpec("s", ws, sandbox=check_sandbox(LIMITS, "test"), tmpdir=str(ws / "tmp"))
+    spec = KernelSpec("s", ws, room, rooms=[room, room.parent / "kernel"], sandbox=check_sandbox(LIMITS, "test"))
     kernel = host.start(spec)
-    kernel.ws, kernel.port, kernel.host, kernel.spec = ws, listener.getsockname()[1], host, spec
+    kernel.ws, kernel.room, kernel.port, kernel.host, kernel.spec = ws, room, listener.getsockname()[1], host, spec
     yield kernel
     host.close()
     listener.close()
@@ -58,18 +63,22 @@ def test_no_network(boxed):
     assert out.startswith("refused: [Errno 101] Network is unreachable")
 
 
-def test_writes_only_inside_the_workspace(boxed):
-    out = run(boxed, """
+def test_writes_only_inside_its_room(boxed):
+    """Its room and a private /tmp take writes; the rest of the workspace and the machine do not."""
+    out = run(boxed, f"""
         import tempfile
-        for path in ("/tmp/escape.txt", "/root/escape.txt", "inside.txt", tempfile.gettempdir() + "/t.txt"):
+        for path in ("/tmp/escape.txt", "/root/escape.txt", "{boxed.ws}/escape.txt", "../session-file.txt",
+                     "inside.txt", "{boxed.room.parent}/kernel/k.txt", tempfile.gettempdir() + "/t.txt"):
             try:
                 open(path, "w").write("x")
                 print("wrote", path)
             except OSError as e:
                 print("refused", path, e.strerror)""")
-    assert "refused /tmp/escape.txt Read-only file system" in out and "refused /root/escape.txt" in out
-    assert "wrote inside.txt" in out and f"wrote {boxed.ws}/tmp/t.txt" in out
-    assert not Path("/tmp/escape.txt").exists() and (boxed.ws / "inside.txt").read_text() == "x"
+    for refused in ("/root/escape.txt", f"{boxed.ws}/escape.txt", "../session-file.txt"):
+        assert f"refused {refused} Read-only file system" in out, out
+    assert "wrote inside.txt" in out and "wrote /tmp/t.txt" in out and "wrote /tmp/escape.txt" in out
+    assert not Path("/tmp/escape.txt").exists() and (boxed.room / "inside.txt").read_text() == "x"
+    assert not (boxed.ws / "escape.txt").exists() and (boxed.room.parent / "kernel" / "k.txt").exists()
 
 
 def test_the_read_only_mounts_cannot_be_undone(boxed):
@@ -78,17 +87,21 @@ def test_the_read_only_mounts_cannot_be_undone(boxed):
         attr = (ctypes.c_uint64 * 4)(0, 1, 0, 0)  # mount_setattr: clear MOUNT_ATTR_RDONLY on / recursively
         r = ctypes.CDLL(None, use_errno=True).syscall(442, -100, b"/", 0x8000, attr, 32)
         try:
-            open("/tmp/escape2.txt", "w")
+            open("/root/escape2.txt", "w")
             print("escaped")
         except OSError as e:
             print(r, e.strerror)""")
     assert out == "-1 Read-only file system\n"
 
 
-def test_a_sandboxed_kernel_is_not_dumpable_and_its_files_are_the_runners(boxed):
-    assert run(boxed, "import ctypes\nprint(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))") == "0\n"
+def test_a_sandboxed_kernel_is_not_dumpable_and_never_root(boxed):
+    out = run(boxed, """
+        import ctypes, os
+        status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+        print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), status["CapEff"].strip(), status["NoNewPrivs"].strip())""")
+    assert out == "0 0000000000000000 1\n"
     run(boxed, "open('mine.txt', 'w').write('x')")
-    assert (boxed.ws / "mine.txt").stat().st_uid == os.getuid()
+    assert (boxed.room / "mine.txt").stat().st_uid == (65534 if os.getuid() == 0 else os.getuid())
 
 
 def test_memory_hog_gets_a_memory_error(boxed):
@@ -128,12 +141,52 @@ def test_cpu_cap_ends_the_kernel_and_the_host_goes_on(boxed):
     assert again.execute("print(6 * 7)", timeout=30).output == "42\n"
 
 
-def test_sandbox_end_to_end_and_a_goal_can_turn_it_off(ws):
+def test_limits_count_the_whole_tree_where_a_cgroup_can_be_made(boxed):
+    """Processes a kernel starts share its memory cap (a cgroup): four children of 400 MB each in a
+    1 GB tree cannot all live."""
+    from dataclasses import replace
+
+    # a kernel of its own (the fixture's may have been ended by the CPU cap), with CPU seconds to spare
+    k = boxed.host.start(replace(boxed.spec, sandbox={**boxed.spec.sandbox, "cpu_s": 120}))
+    if k.cgroup is None:
+        pytest.skip("no writable cgroup here: limits are per process (the runner says so)")
+    out = run(k, """
+        import subprocess, sys
+        hog = "b = bytearray(400 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(5)"
+        ps = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(4)]
+        print(min(p.wait() for p in ps) < 0)""", timeout=60)
+    assert out == "True\n"
+
+
+def test_a_kernel_that_stops_takes_everything_it_started(boxed):
+    k = boxed.host.start(boxed.spec)
+    run(k, """
+        import subprocess
+        subprocess.Popen(["setsid", "sleep", "600"])
+        subprocess.Popen(["sh", "-c", "sleep 601 &"])""")
+    wait_for(lambda: len(_sleepers({"600", "601"})) == 2, 10, "the sleeps")
+    k.shutdown()
+    wait_for(lambda: not _sleepers({"600", "601"}), 10, "every process of the kernel gone")
+
+
+def _sleepers(args: set[str]) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if cmd[:1] == [b"sleep"] and len(cmd) > 1 and cmd[1].decode() in args:
+            found.append(int(pid))
+    return found
+
+
+def test_sandbox_is_on_by_default_and_off_only_from_a_trusted_goal(ws):
     (ws.root / "s.yaml").write_text(textwrap.dedent("""\
         - code: |
             import socket
             for what, f in (("net", lambda: socket.create_connection(("127.0.0.1", 9), timeout=2)),
-                            ("write", lambda: open("/tmp/primefs-sandbox-e2e.txt", "w"))):
+                            ("write", lambda: open("/usr/primefs-sandbox-e2e.txt", "w"))):
                 try:
                     f()
                     print(what, "allowed")
@@ -141,69 +194,103 @@ def test_sandbox_end_to_end_and_a_goal_can_turn_it_off(ws):
                     print(what, "refused")
         - text: done
         """))
-    ws = configure(ws, model="scripted/s.yaml", sandbox={"memory_mb": 2048})
+    ws = configure(ws, model="scripted/s.yaml")  # no `sandbox:` at all
     write_goal(ws, "boxed", name="boxed")
-    (ws.goals / "free.md").write_text("---\nsandbox: false\n---\nfree\n")
-    run_once(ws)
+    (ws.goals / "free.md").write_text("---\nsandbox: off\n---\nfree\n")
+    (ws.goals / "planted.md").write_text("---\nsandbox: false\n---\nplanted\n")
+    trust.trust(ws, ["goals/free.md"])  # the person wrote this one; nobody trusted planted.md
+    lines = run_once(ws)
     by = {s.name: s for s in list_sessions(ws.sessions)}
     assert by["boxed"].events("cell")[0]["output"] == "net refused\nwrite refused\n"
     free = by["free"].events("cell")[0]["output"]
     assert "write allowed" in free and by["free"].meta["sandbox"] is False
-    Path("/tmp/primefs-sandbox-e2e.txt").unlink(missing_ok=True)
+    assert "planted" not in by
+    assert any("goals/planted.md" in ln and "primefs trust goals/planted.md" in ln for ln in lines), lines
+    Path("/usr/primefs-sandbox-e2e.txt").unlink(missing_ok=True)
+
+
+def test_sandbox_settings_are_checked(tmp_path):
+    assert check_sandbox("off", "t") is None and check_sandbox(False, "t") is None
+    assert check_sandbox("on", "t")["memory_mb"] == 4096 and check_sandbox(None, "t")["default"] is True
+    assert check_sandbox({"write": ["."]}, "t", tmp_path)["write"] == [str(tmp_path)]
+    with pytest.raises(PrimefsError, match="sandbox.write: 'nowhere' is not a folder"):
+        check_sandbox({"write": ["nowhere"]}, "t", tmp_path)
+    with pytest.raises(PrimefsError, match="unknown sandbox key 'netwrok'"):
+        check_sandbox({"netwrok": True}, "t")
+
+
+NOBODY_CHECKS = '''
+import os, socket, subprocess
+print("uid", os.getuid(), "pid", os.getpid())
+try:
+    socket.create_connection(("127.0.0.1", 9), timeout=2)
+except OSError as e:
+    print("net", e.strerror)
+for path in ("../escape.txt", "/usr/escape.txt"):
+    try:
+        open(path, "w")
+    except OSError as e:
+        print("write", e.strerror)
+try:
+    os.kill(RUNNER, 0)  # the runner: in another pid namespace
+except OSError as e:
+    print("kill", e.strerror)
+ps = []
+try:
+    for i in range(100):
+        ps.append(subprocess.Popen(["sleep", "2"]))
+except OSError as e:
+    print("processes", e.strerror)
+'''
 
 
 @pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv"), reason="needs root to become another user")
-def test_the_sandbox_works_for_a_normal_user():
-    """The same limits when the runner runs as `nobody` (unprivileged user namespaces)."""
+def test_the_sandbox_works_for_a_normal_user(as_nobody):
+    """The same boundary when the runner runs as a normal user (unprivileged user namespaces)."""
+    out = as_nobody(f"""
+        import os
+        from pathlib import Path
+        from primefs.kernelhost import KernelSpec
+        from primefs.localkernels import LocalKernelHost
+        from primefs.settings import check_sandbox
+        ws = Path("ws").resolve()
+        room = ws / "sessions" / "u" / "work"
+        room.mkdir(parents=True)
+        host = LocalKernelHost(Path("rt"), ws, lambda *a: "ok")
+        k = host.start(KernelSpec("u", ws, room, rooms=[room], sandbox=check_sandbox({LIMITS!r}, "t")))
+        r = k.execute({NOBODY_CHECKS!r}.replace("RUNNER", str(os.getpid())), timeout=30)
+        print(r.output, r.error)
+        host.close()
+        """)
+    assert "uid 65534 pid 1" in out, out
+    assert "net Network is unreachable" in out and out.count("write Read-only file system") == 2, out
+    assert "kill No such process" in out and "processes Resource temporarily unavailable" in out, out
+
+
+@pytest.fixture
+def as_nobody():
+    """Run a Python script as user nobody (uid 65534) in a folder of its own: the runner as a normal user."""
     import tempfile
 
     python = shutil.which("python3.11", path="/usr/bin")
     if python is None:
         pytest.skip("no system python3.11 that user nobody can run")
-    tmp_path = Path(tempfile.mkdtemp(prefix="primefs-nobody-"))  # pytest's own folders are root's only
-    tmp_path.chmod(0o777)
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "ws").chmod(0o777)
-    script = tmp_path / "check.py"
-    script.write_text(textwrap.dedent(f"""\
-        from pathlib import Path
-        from primefs.kernelhost import KernelSpec
-        from primefs.localkernels import LocalKernelHost
-        from primefs.settings import check_sandbox
-        ws = Path({str(tmp_path / "ws")!r})
-        host = LocalKernelHost(Path({str(tmp_path / "rt")!r}), ws, lambda *a: "ok")
-        k = host.start(KernelSpec("u", ws, sandbox=check_sandbox({LIMITS!r}, "t"), tmpdir=str(ws / "tmp")))
-        r = k.execute('''
-        import os, socket, subprocess
-        print("uid", os.getuid())
-        try:
-            socket.create_connection(("127.0.0.1", 9), timeout=2)
-        except OSError as e:
-            print("net", e.strerror)
-        try:
-            open("/tmp/nobody-escape.txt", "w")
-        except OSError as e:
-            print("write", e.strerror)
-        ps = []
-        try:
-            for i in range(100):
-                ps.append(subprocess.Popen(["sleep", "2"]))
-        except OSError as e:
-            print("processes", e.strerror)
-        ''', timeout=30)
-        print(r.output, r.error)
-        host.close()
-        """))
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+    folder = Path(tempfile.mkdtemp(prefix="primefs-nobody-"))  # pytest's own folders are root's only
+    folder.chmod(0o777)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(folder),
            "PYTHONPATH": os.pathsep.join([sysconfig.get_paths()["purelib"], str(Path(__file__).parents[1])])}
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python]
     probe = subprocess.run([*nobody, "-c", "import primefs.localkernels"], capture_output=True, text=True,
-                           timeout=60, env=env, cwd=tmp_path)
+                           timeout=60, env=env, cwd=folder)
     if probe.returncode:  # e.g. a checkout under a 0700 folder (mktemp -d): nothing to test as nobody
-        shutil.rmtree(tmp_path, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
         pytest.skip(f"user nobody cannot import primefs from this checkout: {probe.stderr.strip().splitlines()[-1]}")
-    r = subprocess.run([*nobody, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert "uid 65534" in r.stdout, r.stdout + r.stderr
-    assert "net Network is unreachable" in r.stdout and "write Read-only file system" in r.stdout
-    assert "processes Resource temporarily unavailable" in r.stdout
-    shutil.rmtree(tmp_path, ignore_errors=True)
+
+    def run(script: str, timeout: float = 120) -> str:
+        (folder / "script.py").write_text(textwrap.dedent(script))
+        r = subprocess.run([*nobody, "script.py"], capture_output=True, text=True, timeout=timeout, env=env,
+                           cwd=folder)
+        return r.stdout + r.stderr
+
+    yield run
+    shutil.rmtree(folder, ignore_errors=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import configure, run_once, use_server
 
+from primefs import trust
 from primefs.accounting import UsageIndex
 from primefs.goals import write_goal
 from primefs.session import list_sessions
@@ -25,6 +26,7 @@ def tool_ws(ws, monkeypatch):
     monkeypatch.setenv("TEST_TOOL_SECRET", "s3cret")
     monkeypatch.setenv("TEST_MCP_SECRET", "mcp-xyz")
     shutil.copy(HERE / "tool_plugin.py", ws.plugins / "mytools.py")
+    trust.trust(ws, ["plugins/mytools.py"])
     return configure(ws, mcp_servers={
         "calc": {"command": sys.executable, "args": [str(HERE / "mcp_server.py")], "env": {"SECRET": "${TEST_MCP_SECRET}"}},
         "broken": {"command": "/nonexistent/mcp-server"}}, limits={"tool_timeout_s": 5})

@@ -10,7 +10,7 @@ _import_lock = threading.Lock()
 _litellm = None
 
 # Settings that are ours, not litellm's: never passed on.
-OWN_KEYS = {"model", "tool_mode", "api_key_env", "provider", "script", "stream", "context_window", "workspace",
+OWN_KEYS = {"model", "tool_mode", "api_key_env", "api_key_file", "provider", "script", "stream", "context_window", "workspace",
             "first_reply_grammar"}
 
 
@@ -54,6 +54,14 @@ class LiteLLMProvider:
                 raise ModelError(f"environment variable {settings['api_key_env']} (api_key_env) is not set",
                                  retryable=False)
             kwargs["api_key"] = key
+        if settings.get("api_key_file"):
+            from ..errors import PrimefsError
+            from ..models import key_from_file
+
+            try:
+                kwargs["api_key"] = key_from_file(settings["api_key_file"])
+            except PrimefsError as exc:
+                raise ModelError(str(exc), retryable=False) from None
         if tools:
             kwargs["tools"] = tools
         kwargs.setdefault("num_retries", 0)  # the loop retries with its own backoff and records it

@@ -135,7 +135,7 @@ class LocalProvider:
     def complete(self, messages: list[dict], tools: list[dict] | None, settings: dict) -> ModelReply:
         api_base = ensure_server()
         rewritten = {k: v for k, v in settings.items()
-                     if k not in ("api_key_env", "api_base", "api_key")}  # first_reply_grammar: litellm's OWN_KEYS
+                     if k not in ("api_key_env", "api_key_file", "api_base", "api_key")}  # first_reply_grammar: litellm's OWN_KEYS
         rewritten.update(model=f"openai/{SERVED_NAME}", api_base=api_base, api_key="none")
         grammar = first_reply_grammar(messages, settings)
         if grammar:

@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from ..fsutil import open_regular
 from ..live import line_start
 
 BLOCK = 65536
@@ -34,7 +35,7 @@ def tail_events(path: Path, limit: int, before: int | None = None) -> tuple[list
     taken: list[bytes] = []  # newest first
     start = end
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             pos, buf = end, b""  # buf: the bytes from pos up to start, whole lines only at its end
             while len(taken) < limit:
                 if buf:
@@ -49,7 +50,7 @@ def tail_events(path: Path, limit: int, before: int | None = None) -> tuple[list
                 f.seek(read_from)
                 buf = f.read(pos - read_from) + buf
                 pos = read_from
-    except FileNotFoundError:
+    except OSError:  # missing, or not a regular file
         return [], 0, 0
     events = []
     for line in reversed(taken):

@@ -1,0 +1,149 @@
+"""What a person has trusted: the things in a workspace that make the runner run something or lower a
+sandbox. A file appearing is never enough.
+
+- workspace plugins (`plugins/*.py`): imported by the runner and the CLI;
+- in primefs.yaml, `mcp_servers:` (commands the runner starts) and a `sandbox:` that lowers the default
+  (off, `network: true`, `write:` grants);
+- a goal whose `sandbox:` lowers the default.
+
+`primefs trust PATH...` records the content hash of each (for primefs.yaml, of those sections only, so
+other edits need no new trust) in `.primefs/trust.json`: runtime, git-ignored (a cloned or copied
+workspace carries no trust) and read-only to sandboxed kernels. `primefs init` trusts what it creates. A
+changed file is untrusted again until trusted anew. Without a sandbox a kernel can write this file too:
+that is what "no sandbox" means (docs/reliability.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .errors import PrimefsError
+from .fsutil import write_atomic
+
+FILE = "trust.json"
+CONFIG = "primefs.yaml"
+
+
+def lowers(box: dict | None) -> bool:
+    """A sandbox setting weaker than the default: none at all, network, or writes beyond the room."""
+    return box is None or bool(box.get("network")) or bool(box.get("write"))
+
+
+def config_sections(config: dict) -> dict:
+    """What in primefs.yaml needs trust (empty: nothing does)."""
+    from .settings import check_sandbox
+
+    out = {}
+    if config.get("mcp_servers"):
+        out["mcp_servers"] = config["mcp_servers"]
+    if "sandbox" in config and lowers(check_sandbox(config["sandbox"], CONFIG)):
+        out["sandbox"] = config["sandbox"]
+    return out
+
+
+def _digest(data) -> str:
+    if not isinstance(data, bytes):
+        data = json.dumps(data, sort_keys=True, default=str).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def _path(ws) -> Path:
+    return ws.state / FILE
+
+
+def records(ws) -> dict:
+    """path -> sha256 of what was trusted (workspace-relative paths; primefs.yaml: its sections)."""
+    try:
+        data = json.loads(_path(ws).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
+
+
+def current(ws, rel: str) -> str | None:
+    """The hash of what `rel` holds now (None: no such file)."""
+    if rel == CONFIG:
+        return _digest(config_sections(ws.config))
+    try:
+        return _digest((ws.root / rel).read_bytes())
+    except OSError:
+        return None
+
+
+def trusted(ws, rel: str) -> bool:
+    if rel == CONFIG and not config_sections(ws.config):
+        return True
+    digest = current(ws, rel)
+    return digest is not None and records(ws).get(rel) == digest
+
+
+def trust(ws, paths: list[str]) -> list[str]:
+    """Record these files as trusted as they are now; returns their workspace-relative paths."""
+    recs = records(ws)
+    done = []
+    for p in paths:
+        rel = relative(ws, p)
+        digest = current(ws, rel)
+        if digest is None:
+            raise PrimefsError(f"no such file in the workspace: {p}")
+        recs[rel] = digest
+        done.append(rel)
+    ws.state.mkdir(exist_ok=True)
+    write_atomic(_path(ws), json.dumps(recs, indent=1, sort_keys=True), durable=True)
+    return done
+
+
+def revoke(ws, paths: list[str]) -> list[str]:
+    recs = records(ws)
+    gone = [rel for rel in (relative(ws, p) for p in paths) if recs.pop(rel, None) is not None]
+    write_atomic(_path(ws), json.dumps(recs, indent=1, sort_keys=True), durable=True)
+    return gone
+
+
+def relative(ws, p: str) -> str:
+    path = Path(p)
+    path = (path if path.is_absolute() else Path.cwd() / path).resolve()
+    if not path.exists() and (ws.root / p).exists():
+        path = (ws.root / p).resolve()
+    if not path.is_relative_to(ws.root):
+        raise PrimefsError(f"{p} is not in the workspace {ws.root}")
+    return path.relative_to(ws.root).as_posix()
+
+
+def needing_trust(ws) -> list[dict]:
+    """Everything that would be used only once trusted: {path, what, trusted}."""
+    from .goals import goal_listing
+
+    out = []
+    if config_sections(ws.config):
+        out.append({"path": CONFIG, "what": ", ".join(config_sections(ws.config)), "trusted": trusted(ws, CONFIG)})
+    for p in sorted(ws.plugins.glob("*.py")):
+        rel = p.relative_to(ws.root).as_posix()
+        out.append({"path": rel, "what": "workspace plugin", "trusted": trusted(ws, rel)})
+    files, _ = goal_listing(ws)
+    for p in files:
+        rel = p.relative_to(ws.root).as_posix()
+        if goal_lowers_sandbox(ws, p):
+            out.append({"path": rel, "what": "goal with a weaker sandbox", "trusted": trusted(ws, rel)})
+    return out
+
+
+def goal_lowers_sandbox(ws, path: Path) -> bool:
+    from . import frontmatter
+    from .settings import check_sandbox
+
+    try:
+        meta, _ = frontmatter.read(path, path.name, root=ws.root)
+        return "sandbox" in meta and lowers(check_sandbox(meta["sandbox"], path.name, ws.root))
+    except PrimefsError:
+        return False
+
+
+def trust_new_workspace(ws) -> None:
+    """`primefs init`: the person made it, from the template or a source they chose."""
+    trust(ws, [CONFIG, *(str(p) for p in sorted(ws.plugins.glob("*.py")))])
+
+
+def untrusted_note(rel: str, what: str) -> str:
+    return f"{rel}: {what} not used: it is not trusted (new, or changed since). Run `primefs trust {rel}` if you wrote it"

@@ -1,0 +1,200 @@
+"""A session's kernel attacking another session and the runner (docs/reliability.md, "Threat model").
+
+Code in an attacker session's kernel tries each attack of the threat model against a victim session and
+the runner (tests/attack.py), with a runner running as root and as a normal user (nobody), the sandbox on
+and off. With the sandbox on every attack is refused and nothing changed; with it off the kernel has the
+user's rights, but it still cannot take another session's identity from the kernel template's memory,
+and the runner runs nothing it wrote (an untrusted goal, plugin, git hook or fsmonitor)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from attack import run_attack
+from conftest import cli, configure, run_once, wait_for
+from test_sandbox import as_nobody  # noqa: F401 - the fixture
+
+from primefs import mail
+from primefs.goals import write_goal
+from primefs.session import list_sessions
+
+REFUSED_WITH_A_SANDBOX = [
+    "victim session.yaml", "victim history", "victim result", "victim mail", "victim snapshot", "own session.yaml",
+    "own history", "a goal", "a plugin", "git config", "git hook", "a harness note", "primefs.yaml", "trust record",
+    "a live request", "the runtime folder", "the runner's socket", "a host unix socket", "network", "/proc/sys",
+    "hostname", "signal the runner", "see the runner's environment", "victim key in the template's memory",
+    "victim key in the runner's memory"]
+
+
+def assert_sandbox_held(r: dict, uid: int) -> None:
+    f = r["findings"]
+    accepted = [name for name in REFUSED_WITH_A_SANDBOX if not f[name].startswith("refused")]
+    assert accepted == [], {name: f[name] for name in accepted}
+    assert f["victim key in my own memory"] == "accepted: False"  # nothing inherited from the template
+    assert f["uid"] == uid and f["pid"] == 1  # never root; its own pid namespace
+    assert f["replace my own rpc link"].startswith("accepted")  # its own folder: it only cuts itself off
+    assert "No such process" in f["signal the runner"]  # another pid namespace
+    for write in ("victim session.yaml", "a goal", "own history"):  # an error in the kernel, never a private copy
+        assert "Read-only file system" in f[write] or "Permission denied" in f[write], f[write]
+    assert_nothing_changed(r)
+
+
+def assert_nothing_changed(r: dict) -> None:
+    assert r["changed"] == [] and r["victim_history_kept"] and r["git_config_kept"] and r["rpc_inode_kept"]
+    assert r["victim_messages"] == ["wake up"] and r["victim_cost"] == 0 and r["victim_budget"] is None
+    assert r["victim_result"] == "victim done" and not r["marker"] and not r["evil_goal_taken"]
+    assert r["sessions"] == ["attacker", "victim"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the root runner's case")
+def test_a_sandboxed_kernel_of_a_root_runner_cannot_reach_past_its_room(tmp_path):
+    r = run_attack(tmp_path, "on")
+    assert_sandbox_held(r, 65534)
+
+
+def test_without_a_sandbox_identity_and_the_runner_still_hold(tmp_path):
+    """Sandbox off: the kernel has the runner's user's rights (docs), but no other kernel's key is in any
+    memory it may read, and what it plants is never run (untrusted goal and plugin, git hooks, fsmonitor)."""
+    r = run_attack(tmp_path, "off")
+    f = r["findings"]
+    assert f["victim key in my own memory"] == "accepted: False"
+    assert f["victim key in the template's memory"] in ("accepted: False",) or f[
+        "victim key in the template's memory"].startswith("refused")  # root reads it: the key is not there
+    assert f["a goal"].startswith("accepted") and f["a plugin"].startswith("accepted")  # it may write them...
+    assert not r["marker"] and not r["evil_goal_taken"]  # ...but nothing of it runs
+    assert any("goals/evil.md" in ln and "primefs trust" in ln for ln in r["lines"]), r["lines"]
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv"), reason="needs root to become another user")
+@pytest.mark.parametrize("sandbox", ["on", "off"])
+def test_the_same_with_a_runner_of_a_normal_user(as_nobody, sandbox):  # noqa: F811
+    out = as_nobody(f"""
+        import json, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from attack import run_attack
+        print("RESULT", json.dumps(run_attack("attack", {sandbox!r}), default=str))
+        """, timeout=300)
+    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, out
+    r = json.loads(line[len("RESULT "):])
+    if sandbox == "on":
+        assert_sandbox_held(r, 65534)
+    else:  # the same user: no sandbox means its rights, but the template and the runner are non-dumpable
+        f = r["findings"]
+        assert f["victim key in the template's memory"].startswith("refused: PermissionError")
+        assert f["victim key in the runner's memory"].startswith("refused: PermissionError")
+        assert f["see the runner's environment"].startswith("refused: PermissionError")
+        assert not r["marker"] and not r["evil_goal_taken"]
+
+
+def test_a_command_end_condition_runs_in_the_sessions_sandbox(ws, monkeypatch):
+    """A goal's `command` runs as the kernel would: in its room, sandboxed, without the runner's keys."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-runner-key-0123456789abcdef")
+    (ws.root / "s.yaml").write_text("- code: \"open('made.txt', 'w').write('x')\"\n- text: done\n")
+    ws = configure(ws, model="scripted/s.yaml")
+    (ws.goals / "g.md").write_text(textwrap.dedent("""\
+        ---
+        end_conditions:
+        - command: "echo key=$OPENAI_API_KEY; echo x > /usr/escape.txt; test -f made.txt && pwd"
+        ---
+        Make the file
+        """))
+    run_once(ws)
+    s = list_sessions(ws.sessions)[0]
+    report = next(e for e in s.events() if e["type"] == "end_conditions")
+    assert report["results"] == [{"name": "command", "passed": True}]
+    assert not Path("/usr/escape.txt").exists() and s.meta["status"] == "done"
+    out = s.events("end_conditions")[0]
+    assert out["report"] == ""  # passed: no report; the command's output is checked below
+    code, text = _run_in_room(ws, s, "echo key=$OPENAI_API_KEY; echo x > /usr/escape.txt; pwd")
+    assert "key=\n" in text and "Read-only file system" in text and text.rstrip().endswith(f"{s.dir}/work")
+
+
+def _run_in_room(ws, s, command: str):
+    from primefs.runner import Runner
+
+    r = Runner(ws)
+    from primefs.agent import Agent
+
+    agent = Agent(s, ws=ws, tree=r.tree, gateway=r.gateway, post=r.post, host=None, bell=r.bell)
+    return agent.run_command(command, 30)
+
+
+def test_a_fifo_or_a_link_in_a_session_folder_blocks_nothing(ws, scripted):
+    """A FIFO planted as a session's history, links in a room to /etc/shadow, /dev/zero and nowhere, a
+    FIFO in a room: status, log, usage, send and archive all finish, and no zip holds what a link names."""
+    ws = scripted("- code: |\n    import os\n    os.symlink('/etc/shadow', 'shadow')\n    os.symlink('/dev/zero', 'zero')\n"
+                  "    os.symlink('/nowhere', 'dangling')\n    os.mkfifo('fifo')\n- text: done\n")
+    write_goal(ws, "Plant links", name="links")
+    write_goal(ws, "Be planted on", name="other")
+    run_once(ws)
+    by = {s.name: s for s in list_sessions(ws.sessions)}
+    other = by["other"]
+    (other.dir / "history.jsonl").rename(other.dir / "history.bak")
+    os.mkfifo(other.dir / "history.jsonl")
+    (other.dir / "summary.json").unlink(missing_ok=True)
+    for args in (["status"], ["status", "--json"], ["log", "other"], ["usage", "other"], ["send", "other", "hi"],
+                 ["logs", "-n", "5"]):
+        r = cli(ws, *args, timeout=30)
+        assert "Traceback" not in r.stderr, (args, r.stderr)
+    os.unlink(other.dir / "history.jsonl")
+    (other.dir / "history.bak").rename(other.dir / "history.jsonl")
+    r = cli(ws, "archive", "--status", "idle,done", "--json", timeout=60)
+    assert r.returncode == 0, r.stderr
+    import zipfile
+
+    zips = list((ws.root / "archive").glob("*.zip"))
+    assert (ws.root / "archive" / f"{by['links'].id}.zip") in zips, r.stdout
+    for z in zips:
+        with zipfile.ZipFile(z) as zf:
+            for info in zf.infolist():
+                data = zf.read(info)
+                assert b"root:" not in data and len(data) < 10_000_000, info.filename
+            names = {i.filename.rsplit("/", 1)[-1]: i for i in zf.infolist()}
+            if "shadow" in names:
+                assert zf.read(names["shadow"]) == b"/etc/shadow" and "fifo" not in names
+
+
+def test_no_key_reaches_a_workspace_file_or_git(ws, monkeypatch):
+    """A model that echoes the runner's key and passes it to children, contexts and heartbeats: no file of
+    the workspace and nothing in `git log -p` holds it; kernels got it redacted (llm(), rlm() results)."""
+    key = "sk-proj-runnerkey0123456789abcdefghij"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    (ws.root / "s.yaml").write_text(textwrap.dedent(f"""\
+        rules:
+          - match: "^child"
+            replies:
+              - text: "child saw {key}"
+          - match: "^Leak"
+            replies:
+              - code: |
+                  h = rlm("child {key}", context="context {key}")
+                  heartbeat(every="1h", prompt="beat {key}")
+                  got = llm("say it")
+                  open("out.txt", "w").write(got + h.wait())
+                  print(got)
+              - text: "the key is {key}"
+          - match: "^say it"
+            replies:
+              - text: "llm echoes {key}"
+        """))
+    ws = configure(ws, model="scripted/s.yaml")
+    assert cli(ws, "goal", f"Leak {key}", "--name", "leak").returncode == 0
+    run_once(ws)
+    leak = next(s for s in list_sessions(ws.sessions) if s.name == "leak")
+    assert leak.events("cell")[0]["output"] == "llm echoes [redacted]\n"
+    files = [p for p in ws.root.rglob("*") if p.is_file() and ".git" not in p.parts and p.name != "s.yaml"]
+    assert files and [str(p) for p in files if key.encode() in p.read_bytes()] == []
+    log = subprocess.run(["git", "-C", str(ws.root), "log", "-p", "--all", "--", ".", ":(exclude)s.yaml"],
+                         capture_output=True, text=True).stdout
+    assert "child [redacted]" in log and key not in log
+    for p in ws.runtime.rglob("*"):  # kernel logs and the like
+        if p.is_file():
+            assert key.encode() not in p.read_bytes(), p
