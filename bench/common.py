@@ -15,15 +15,22 @@ from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
 from primefs.workspace import Workspace, init_workspace  # noqa: E402
 
 
-def scripted_workspace(script: str, limits: dict | None = None) -> Workspace:
+def scripted_workspace(script: str, limits: dict | None = None, sandbox: bool = True) -> Workspace:
+    """A new workspace on the scripted model; kernels sandboxed (the default) unless `sandbox` is False."""
+    from primefs import trust
+
     root = Path(tempfile.mkdtemp(prefix="primefs-bench-")) / "ws"
     init_workspace(root)
     (root / "script.yaml").write_text(script)
     cfg = load_yaml(root / "primefs.yaml")
     cfg["model"] = "scripted/script.yaml"
     cfg["limits"].update(limits or {})
+    if not sandbox:
+        cfg["sandbox"] = "off"
     (root / "primefs.yaml").write_text(dump_yaml(cfg))
-    return Workspace(root)
+    ws = Workspace(root)
+    trust.trust(ws, ["primefs.yaml"])
+    return ws
 
 
 def configure_model(ws: Workspace, alias: dict) -> None:

@@ -11,6 +11,7 @@ loopback, so run it in a network namespace that has only loopback (docs/scale-ou
     python bench/fanout.py            # N = 10 50 200
     python bench/fanout.py 20 50      # chosen sizes
     python bench/fanout.py --resident 20
+    python bench/fanout.py --no-sandbox 20     # kernels without the sandbox (the default has one)
     unshare -n sh -c 'ip link set lo up && exec python bench/fanout.py --ray 50 200'   # as root; else unshare -rn
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ rules:
   - match: "^Fan out"
     replies:
       - code: |
-          n = int(open('n.txt').read())
+          n = int(open('../../../n.txt').read())  # the workspace's, from the session's room
           hs = [rlm(f'child {i}') for i in range(n)]
           res = wait_all(hs)
           print(len(res), res[0])
@@ -44,8 +45,8 @@ rules:
 """
 
 
-def run(n: int, cap: int | None = None, ray: str | None = None) -> dict:
-    ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": cap} if cap else None)
+def run(n: int, cap: int | None = None, ray: str | None = None, sandbox: bool = True) -> dict:
+    ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": cap} if cap else None, sandbox=sandbox)
     (ws.root / "n.txt").write_text(str(n))
     (ws.goals / "fan.md").write_text("Fan out to children\n")
     if ray:
@@ -65,7 +66,7 @@ def run(n: int, cap: int | None = None, ray: str | None = None) -> dict:
     nodes = {}
     for c in children:
         nodes[c.meta.get("node") or "local"] = nodes.get(c.meta.get("node") or "local", 0) + 1
-    return {"n": n, "host": "ray" if ray else "local", "children_per_node": nodes,
+    return {"n": n, "host": "ray" if ray else "local", "sandbox": sandbox, "children_per_node": nodes,
             "cap": cap or ws.limits()["max_concurrent_sessions"], "wall_s": round(wall, 2),
             "first_child_cell_after_spawn_s": round(first_cell - t_spawn, 3),
             "peak_pss_mib": round(peak), "overhead_per_step_ms_median": round(statistics.median(overheads) * 1000, 1),
@@ -131,4 +132,4 @@ if __name__ == "__main__":
     if on_ray:
         versus(sizes)
     for n in [] if on_ray else sizes:
-        print(json.dumps(resident(n) if live else run(n)), flush=True)
+        print(json.dumps(resident(n) if live else run(n, sandbox="--no-sandbox" not in args)), flush=True)

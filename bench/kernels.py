@@ -1,11 +1,11 @@
-"""Kernel start: the fork server (what primefs uses) beside a fresh process per kernel (jupyter_client's
-KernelManager, what primefs did before).
+"""Kernel start: the fork server (what primefs uses), unsandboxed and in the sandbox (the default),
+beside a fresh process per kernel (jupyter_client's KernelManager, what primefs did before).
 
 For each kernel: wall time from the start request to ready (a kernel_info reply and a live iopub),
-and CPU seconds spent on it: the kernel process's own CPU at ready, plus the CPU that the template
-process and this (runner) process spent meanwhile, shared out per kernel.
+and CPU seconds spent on it: the CPU of the kernel's processes at ready (in a sandbox: its keeper and
+the kernel), plus the CPU that the template process and this (runner) process spent meanwhile.
 
-    python bench/kernels.py          # 40 forked kernels, 8 fresh processes
+    python bench/kernels.py          # 40 forked kernels each way, 8 fresh processes
     python bench/kernels.py 100 10
 
 Also: time to snapshot and restore a session's namespace of three sizes.
@@ -20,8 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from primefs.forkserver import descendants
 from primefs.kernelhost import KernelSpec
 from primefs.localkernels import LocalKernelHost
+from primefs.settings import check_sandbox
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -42,19 +44,27 @@ def summary(walls: list[float], cpus: list[float]) -> dict:
             "cpu_s_per_kernel": round(statistics.mean(cpus), 4)}
 
 
-def forked(n: int) -> dict:
+def spec(root: Path, sid: str, sandboxed: bool) -> KernelSpec:
+    room = root / "sessions" / sid / "work"
+    return KernelSpec(sid, root, room, rooms=[room, room.parent / "kernel"],
+                      sandbox=check_sandbox(None, "bench") if sandboxed else None)
+
+
+def forked(n: int, sandboxed: bool = False) -> dict:
     root = Path(tempfile.mkdtemp(prefix="primefs-bench-kernels-"))
+    root.chmod(0o755)  # a root runner's sandboxed kernels are uid 65534: they must read the workspace
     host = LocalKernelHost(root / "rt", root, lambda *a: None)
     host._ready.wait(60)
-    host.start(KernelSpec("warm-up", root)).shutdown()
+    host.start(spec(root, "warm-up", sandboxed)).shutdown()
     server = host._server.pid
     walls, cpus, kernels = [], [], []
     for i in range(n):
         c_server, c_self = cpu_s(server), self_cpu()
         started = time.monotonic()
-        k = host.start(KernelSpec(f"s{i}", root))
+        k = host.start(spec(root, f"s{i}", sandboxed))
         walls.append(time.monotonic() - started)
-        cpus.append(cpu_s(k.pid) + (cpu_s(server) - c_server) + (self_cpu() - c_self))
+        mine = sum(cpu_s(p) for p in [k.pid, *descendants(k.pid)])
+        cpus.append(mine + (cpu_s(server) - c_server) + (self_cpu() - c_self))
         kernels.append(k)
     assert all(k.execute("print(1 + 1)", timeout=30).output == "2\n" for k in kernels)
     host.close()
@@ -110,5 +120,6 @@ if __name__ == "__main__":
     n_fork = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     n_fresh = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     print(json.dumps({"fork_server": forked(n_fork)}))
+    print(json.dumps({"fork_server_sandboxed": forked(n_fork, sandboxed=True)}))
     print(json.dumps({"fresh_process": fresh(n_fresh)}))
     print(json.dumps({"snapshots": snapshots()}))

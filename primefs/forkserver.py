@@ -102,6 +102,9 @@ def warm() -> None:
             importlib.import_module(name)
         except Exception:  # an optional piece missing only costs time later
             pass
+    from primefs import sandbox
+
+    sandbox.python_paths()  # once here, not in every forked kernel
     gc.collect()
     gc.freeze()  # objects made so far are never scanned again: fewer copy-on-write pages per kernel
 
@@ -126,12 +129,12 @@ def _kernel(req: dict, server_pid: int) -> None:
     os.dup2(log, 1)  # stray output of C code and subprocesses; cells' output goes to iopub
     os.dup2(log, 2)
     os.closerange(3, 256)  # the control pipe above all: a kernel must not hold the runner's pipe
-    os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
     sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)
     sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)
     try:
+        os.chdir(req["cwd"])
         if req.get("sandbox"):
             from primefs import sandbox
 

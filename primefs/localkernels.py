@@ -224,6 +224,7 @@ class LocalKernelHost(KernelHost):
         token = secrets.token_hex(16)  # per kernel, never reused: a restarted kernel gets a new one
         base = self.dir / f"{spec.session_id}-{rid}"  # its sockets; a sandboxed kernel sees only this folder
         base.mkdir(mode=0o700)
+        Path(spec.cwd).mkdir(parents=True, exist_ok=True)
         info = connection_info(base / "k")
         conn, sock = {k: v for k, v in info.items() if k != "key"}, str(self.rpc.path)
         env, box, cgroup = kernel_env(), None, None

@@ -32,9 +32,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import functools
 import resource
 import signal
 import sys
+import threading
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -96,9 +98,11 @@ def _write(path: str, text: str) -> None:
 
 
 # -- what the kernel still reads behind the hidden folders ------------------------------------------
+@functools.lru_cache(maxsize=1)
 def python_paths() -> list[str]:
     """Python, its standard library and every package folder this process imports from (editable installs
-    included): what a kernel must still read where these lie inside a hidden folder."""
+    included): what a kernel must still read where these lie inside a hidden folder. Found once, in the
+    kernel template after its imports (forked kernels inherit the answer)."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(os.path.realpath(sys.executable))}
     paths.update(p for p in sys.path if p and os.path.isabs(p))
@@ -504,13 +508,19 @@ def run_in_box(box: dict | None, argv: list[str], timeout: float, env: dict, cwd
 
 
 _MACHINE: dict = {}
+_MACHINE_LOCK = threading.Lock()  # one probe at a time: the runner's start and a first kernel
 NONE_HERE = ("no sandbox can be had on this machine, so kernels run without one, with your user's rights "
              "(docs/reliability.md, \"Threat model\"); set `sandbox: off` to say you know")
 
 
 def unavailable() -> str | None:
     """Why no sandbox can be had on this machine (None: it can). Found once per process, by running
-    `true` in one."""
+    `true` in one (~70 ms: the runner starts it at once, beside the kernel template's imports)."""
+    with _MACHINE_LOCK:
+        return _probe()
+
+
+def _probe() -> str | None:
     if "why" not in _MACHINE:
         import shutil
         import tempfile
@@ -535,7 +545,7 @@ def unavailable() -> str | None:
 def weaker_limits() -> str | None:
     """What the sandbox limits less well on this machine (once per process): without a writable cgroup,
     memory and CPU seconds count per process, not over a kernel's whole tree."""
-    if "limits" not in _MACHINE:
+    if "limits" not in _MACHINE:  # (a race makes two probes: both give the same answer)
         probe = Cgroup.make(f"probe-{os.getpid()}", 64, 16)
         if probe is not None:
             probe.remove()

@@ -198,3 +198,17 @@ def test_no_key_reaches_a_workspace_file_or_git(ws, monkeypatch):
     for p in ws.runtime.rglob("*"):  # kernel logs and the like
         if p.is_file():
             assert key.encode() not in p.read_bytes(), p
+
+
+def test_a_key_written_in_primefs_yaml_is_refused_and_a_key_file_must_lie_outside(ws, tmp_path):
+    (ws.root / "primefs.yaml").write_text("models:\n  gpt:\n    model: openai/gpt-4o-mini\n    api_key: sk-abcdefgh12345678\n")
+    r = cli(ws, "models")
+    assert r.returncode == 1 and "models.gpt.api_key: a key written in primefs.yaml can be read by every kernel" in r.stderr
+    (ws.root / "key.txt").write_text("sk-abcdefgh12345678\n")
+    (ws.root / "primefs.yaml").write_text(f"models:\n  gpt:\n    model: openai/x\n    api_key_file: {ws.root / 'key.txt'}\n")
+    assert "api_key_file must be outside the workspace" in cli(ws, "models").stderr
+    (tmp_path / "key.txt").write_text("sk-abcdefgh12345678\n")
+    (ws.root / "primefs.yaml").write_text(f"models:\n  gpt:\n    model: openai/x\n    api_key: none\n"
+                                          f"  other:\n    model: openai/y\n    api_key_file: {tmp_path / 'key.txt'}\n")
+    rows = {m["name"]: m for m in json.loads(cli(ws, "models", "--json").stdout)}
+    assert rows["other"]["key"] == f"in {tmp_path / 'key.txt'}" and rows["gpt"]["key"] == "in primefs.yaml"

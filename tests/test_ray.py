@@ -86,7 +86,8 @@ def test_the_ray_host_behind_the_kernel_host_seam(ws, cluster, tmp_path):
         # a sandboxed session is sandboxed on its node too: no network there
         from primefs.settings import check_sandbox
 
-        boxed = host.start(KernelSpec("sc", ws.root, resources={"w1": 1}, tmpdir=str(ws.root / "tmp"),
+        room = ws.root / "sessions" / "sc" / "work"
+        boxed = host.start(KernelSpec("sc", ws.root, room, rooms=[room], resources={"w1": 1},
                                       sandbox=check_sandbox({"memory_mb": 1024}, "test")))
         out = boxed.execute("import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9), timeout=2)\n"
                             "except OSError as e:\n    print(e.strerror)").output
@@ -107,7 +108,7 @@ def test_sessions_pinned_to_a_node_and_shown_there(ws, cluster):
     assert s["one"].meta["node"].startswith(node_of(cluster, "w1"))
     assert s["two"].meta["node"].startswith(node_of(cluster, "w2"))
     assert s["two"].events("kernel")[0]["node"] == s["two"].meta["node"]
-    assert outputs(s["one"]) == [f"{ws.root}\n"]  # kernels work in the (shared) workspace
+    assert outputs(s["one"]) == [f"{s['one'].dir}/work\n"]  # kernels work in their room of the (shared) workspace
     assert s["nowhere"].status == "failed"
     assert "no node of the Ray cluster has gpu_a100=1, worker=1 for one kernel" in s["nowhere"].meta["error"]
     from primefs.cli import main
@@ -199,7 +200,7 @@ rules:
         wait_for(lambda: mem.reload().get("status") == "idle", what="the first turn")
         first = mem.reload()["node"]
         deliver(mem.mail, sender="user", to=mem.id, kind="user", text="Continue")
-        wait_for(lambda: (ws.root / "started.txt").exists(), what="the long cell")
+        wait_for(lambda: (mem.dir / "work" / "started.txt").exists(), what="the long cell")
         doomed = next(w for w in cluster.workers.values() if first.startswith(w.node_id[:8]))
         cluster.remove_node(doomed, allow_graceful=False)  # a crash: no goodbye to the head
         wait_for(lambda: mem.reload().get("status") == "idle" and mem.read_result() == "finished", timeout=90,

@@ -294,3 +294,43 @@ def as_nobody():
 
     yield run
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_room_that_grows_past_disk_mb_ends_the_kernel(boxed):
+    from dataclasses import replace
+
+    k = boxed.host.start(replace(boxed.spec, sandbox={**boxed.spec.sandbox, "disk_mb": 2, "cpu_s": 60}))
+    r = k.execute("import time\nfor i in range(20):\n    open(f'f{i}', 'wb').write(b'x' * 900_000)\n"
+                  "    time.sleep(0.3)", timeout=30)
+    assert r.died and "disk_mb" in (k.lost or ""), (r, k.lost)
+    big = k.spec.rooms[0]
+    for f in big.glob("f*"):
+        f.unlink()
+
+
+def test_other_processes_of_the_same_uid_do_not_count_against_a_kernel(boxed):
+    """The process cap counts the kernel's own processes: 250 of the same uid elsewhere change nothing."""
+    uid = 65534 if os.getuid() == 0 else os.getuid()
+    cmd = ["sleep", "30"] if uid == os.getuid() else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                                                      "sleep", "30"]
+    others = [subprocess.Popen(cmd) for _ in range(250)]
+    try:
+        k = boxed.host.start(boxed.spec)  # processes: 40
+        assert run(k, "import subprocess\nprint(subprocess.run(['true']).returncode)") == "0\n"
+        k.shutdown()
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+
+
+def test_an_unsandboxed_kernel_also_takes_everything_it_started(tmp_path):
+    host = LocalKernelHost(tmp_path / "rt", tmp_path, lambda *a: "ok")
+    try:
+        k = host.start(KernelSpec("free", tmp_path))
+        run(k, "import subprocess\nsubprocess.Popen(['setsid', 'sleep', '602'])")
+        wait_for(lambda: _sleepers({"602"}), 10, "the sleep")
+        k.shutdown()
+        wait_for(lambda: not _sleepers({"602"}), 10, "the sleep gone with its kernel")
+    finally:
+        host.close()
