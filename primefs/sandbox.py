@@ -35,6 +35,7 @@ import os
 import functools
 import resource
 import signal
+import stat
 import sys
 import threading
 
@@ -470,13 +471,15 @@ def box_for(settings: dict, workspace, rooms: list, cwd, *, sockets: str | None 
 
 
 def give(path, uid: int, gid: int) -> None:
-    """Make `path` (and what is in it) the kernel's, when it is not yet."""
-    try:
-        if os.stat(path).st_uid == uid:
-            return
-    except OSError:
+    """Make the folder `path` (and what is in it) the kernel's, when it is not yet. Never through a link:
+    a room that is a link (made by a kernel without a sandbox) is refused, links inside are changed
+    themselves, not what they point to."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise SandboxError(f"{path} is not a folder (a link?): refusing to give it to the kernel's uid {uid}")
+    if st.st_uid == uid:
         return
-    os.chown(path, uid, gid)
+    os.lchown(path, uid, gid)
     for folder, dirs, files in os.walk(path):
         for name in dirs + files:
             try:

@@ -13,10 +13,10 @@ import os
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import wait_for  # noqa: E402
 
 # Runs in the attacker's kernel. Each attempt is named; the result says what happened.
 ATTACK = r'''
@@ -112,16 +112,6 @@ rules:
       - code: "ATTACK_JSON = {attack_json!r}\\nexec(open({attack_py!r}).read())"
       - text: attack done
 """
-
-
-def wait_for(pred, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def snapshot_files(ws, skip: tuple = ()) -> dict:

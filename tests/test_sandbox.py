@@ -334,3 +334,36 @@ def test_an_unsandboxed_kernel_also_takes_everything_it_started(tmp_path):
         wait_for(lambda: not _sleepers({"602"}), 10, "the sleep gone with its kernel")
     finally:
         host.close()
+
+
+def test_where_no_sandbox_can_be_had_the_runner_says_so_once_and_goes_on(ws, monkeypatch):
+    """The default sandbox on a machine without user namespaces: said once (runner log, each session's
+    history), kernels run without it. One asked for explicitly is never skipped."""
+    from primefs import sandbox
+
+    monkeypatch.setitem(sandbox._MACHINE, "why", "cannot create namespaces: Operation not permitted")
+    (ws.root / "s.yaml").write_text("- code: \"import os\\nprint(os.getuid() == 0 or os.getpid() != 1)\"\n- text: ok\n")
+    ws = configure(ws, model="scripted/s.yaml")
+    write_goal(ws, "one", name="one")
+    write_goal(ws, "two", name="two")
+    (ws.goals / "strict.md").write_text("---\nsandbox: on\n---\nstrict\n")
+    lines = run_once(ws)
+    said = [ln for ln in lines if "no sandbox can be had on this machine" in ln]
+    assert len(said) == 1 and "Operation not permitted" in said[0], lines
+    by = {s.name: s for s in list_sessions(ws.sessions)}
+    assert by["one"].events("cell")[0]["output"] == "True\n" and by["two"].read_result() == "ok"
+    assert any("no sandbox can be had" in e["text"] for e in by["one"].events("warning"))
+    assert by["strict"].events("cell")[0]["output"] == "False\n"  # asked for: never skipped
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a root runner's kernels are uid 65534")
+def test_a_sandbox_that_cannot_be_set_up_fails_the_session_with_the_reason(ws, scripted):
+    ws = scripted("- code: print(1)\n- text: ok\n")
+    write_goal(ws, "x", name="x")
+    ws.root.chmod(0o700)  # the kernel's uid cannot read the workspace
+    try:
+        run_once(ws)
+    finally:
+        ws.root.chmod(0o755)
+    s = list_sessions(ws.sessions)[0]
+    assert s.meta["status"] == "failed" and "cannot be read by the kernel's uid 65534" in s.meta["error"]
