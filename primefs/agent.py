@@ -55,7 +55,8 @@ class Agent:
         self.kernel = SessionKernel(host, self._kernel_spec, session.dir / "kernel", self.limits, self.record,
                                     on_start=self.placed)
         self.had_kernel = False  # a kernel of this session ran before (an earlier runner, or evicted)
-        self.evicted = False  # its kernel was shut down while the session was idle
+        self.kernel_gone: str | None = None  # why its kernel was shut down while the session was idle
+        self.retire_kernel: str | None = None  # its kernel must go when this turn ends, and why
         self.warned: set[str] = set()  # harness problems already recorded in this session's history
         self.messages: list[dict] | None = None
         self.seen_ids: set[str] = set()  # ids of messages already in history: none is shown twice
@@ -157,12 +158,14 @@ class Agent:
         why = None
         if self.kernel.handle is not None and self.kernel.handle.lost:
             why = self.kernel.handle.lost  # e.g. its node was lost while the session was idle
-        elif self.evicted:
-            why = "it was shut down while the session was idle"
+        elif self.kernel_gone:
+            why = self.kernel_gone
+        elif self.kernel.handle is not None:  # ours, and gone without the runner's doing
+            why = "it ended while the session was idle (killed from outside, or it crashed)"
         elif self.had_kernel:
             why = "the runner restarted"
         notice = self.kernel.ensure(why)
-        self.had_kernel, self.evicted = True, False
+        self.had_kernel, self.kernel_gone = True, None
         if notice:
             self.record("notice", text=notice)
 

@@ -150,6 +150,7 @@ def _kernel(req: dict, server_pid: int) -> None:
         app.initialize([])
         import primefs.kernel_api as api
 
+        api.route_thread_output(app.kernel.shell)
         api.setup(app.kernel.shell.user_ns, **req["setup"], sock=req["sock"], token=mine["token"])
         del mine
         app.start()

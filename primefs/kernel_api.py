@@ -177,6 +177,28 @@ class SkillsModule(types.ModuleType):
         return module
 
 
+def route_thread_output(shell) -> None:
+    """A thread's output goes to the cell that started it, not to whichever cell runs when it prints
+    (ipykernel's default: a thread a connected console started would print into the agent's cell)."""
+    import threading
+
+    if not hasattr(shell, "set_thread_parent"):  # ipykernel before 6.26: its own routing
+        return
+    start = threading.Thread.start
+
+    def start_in_this_cell(thread):
+        parent, run = shell.get_parent(), thread.run
+
+        def run_in_that_cell():
+            shell.set_thread_parent(parent)
+            run()
+
+        thread.run = run_in_that_cell
+        start(thread)
+
+    threading.Thread.start = start_in_this_cell
+
+
 def setup(ns: dict, *, sock: str, token: str, session_id: str, workspace: str = ".", history: str | None = None,
           context_paths: list[str] | None = None, context_data: str | None = None, skill_dirs: list[str] | None = None,
           tools: list[dict] | None = None, plugins_dir: str | None = None) -> None:

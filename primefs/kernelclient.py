@@ -38,6 +38,8 @@ def connection_info(base: Path) -> dict:
             "control_port": 4, "hb_port": 5, "key": secrets.token_hex(32), "signature_scheme": "hmac-sha256"}
 
 
+ABORTED = ("the cell was not run: the kernel aborted it twice, because code queued before it raised (from a "
+           "connected console?); nothing of it ran")
 INTERRUPT_GRACE_S = 5.0  # a cell still busy this long after an interrupt is given up (the kernel is dead)
 
 
@@ -47,6 +49,7 @@ class CellResult:
     error: str | None = None  # "Name: value" plus traceback, if the cell raised
     timed_out: bool = False
     died: bool = False  # the kernel process ended during the cell
+    not_run: bool = False  # the kernel aborted it (code queued before it raised): nothing of it ran
     restarted: bool = False  # set by the session's kernel when it started a new one after a death
     notice: str | None = None  # what the model is told about such a restart
     elapsed_s: float = 0.0
@@ -108,11 +111,19 @@ class KernelClient:
         self._drain_shell()
 
     def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
-        """Run a cell; interrupt it past `timeout` seconds (calling `on_timeout` first). A cell that
-        will not stop within INTERRUPT_GRACE_S of the interrupt, or a kernel that dies, ends with `died`."""
+        """Run a cell; interrupt it past `timeout` seconds of its own running (calling `on_timeout` first):
+        time spent queued behind other code (a connected console's) does not count, and what the
+        interrupt would hit then is not ours. A cell that will not stop within INTERRUPT_GRACE_S of the
+        interrupt, or a kernel that dies, ends with `died`. A cell the kernel aborted (code queued before
+        it raised) is sent once more; aborted again, it ends `not_run`."""
         self.busy = True
         try:
-            return self._execute(code, timeout, on_timeout)
+            result = self._execute(code, timeout, on_timeout)
+            if result.not_run:
+                result = self._execute(code, timeout, on_timeout)
+            if result.not_run:
+                result.error = ABORTED
+            return result
         finally:
             self.busy = False
 
@@ -120,7 +131,7 @@ class KernelClient:
         started = time.monotonic()
         result = CellResult()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
-        deadline = started + timeout if timeout else None
+        deadline = None  # set once the kernel starts on this cell (its `busy` for our request)
         interrupted_at = None
         last_alive_check = started
         while True:
@@ -147,7 +158,9 @@ class KernelClient:
             if msg is None or msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
+            if kind == "status" and content.get("execution_state") == "busy" and deadline is None and timeout:
+                deadline = time.monotonic() + timeout
+            elif kind == "stream":
                 result.parts.append(content.get("text", ""))
             elif kind in ("execute_result", "display_data"):
                 text = content.get("data", {}).get("text/plain")
@@ -160,10 +173,25 @@ class KernelClient:
                 break
             elif kind == "clear_output":
                 result.parts.clear()
+        if not result.died:
+            reply = self._shell_reply(msg_id)
+            result.not_run = reply is not None and reply["content"].get("status") == "aborted"
         self._drain_shell()
         result.output = "".join(result.parts)
         result.elapsed_s = round(time.monotonic() - started, 4)
         return result
+
+    def _shell_reply(self, msg_id: str, timeout: float = 5.0) -> dict | None:
+        """The shell reply to our request (it comes before the iopub `idle` that ended the wait)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                reply = self.kc.get_shell_msg(timeout=0.1)
+            except Exception:
+                continue
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply
+        return None
 
     def evaluate(self, expr: str, timeout: float = 60.0) -> str:
         """The repr of a Python expression evaluated in the kernel (silently: no output, no history)."""

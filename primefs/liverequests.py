@@ -63,6 +63,7 @@ class LiveRequests:
     def __init__(self, ws, turns, log):
         self.ws, self.turns, self.log = ws, turns, log
         self.dir = requests_dir(ws)
+        self.connected: set[str] = set()  # sessions whose kernel's connection file was handed out
 
     def close(self) -> None:
         """Runner stop: its kernels go, and with them what the connection files pointed at."""
@@ -71,6 +72,16 @@ class LiveRequests:
                 p.unlink()
             except OSError:
                 pass
+
+    def revoke(self) -> None:
+        """`kernel_connect` turned off: the files go, and so do the kernels whose keys they gave away (a
+        new kernel, restored from its snapshot, has a new key: the old file opens nothing)."""
+        self.close()
+        for sid in sorted(self.connected):
+            self.log(f"{sid}: kernel_connect is off: its kernel, whose connection file was handed out, is replaced")
+            self.turns.retire_kernel(self.turns.agent(sid), "its connection file was revoked (kernel_connect "
+                                                            "was turned off)")
+        self.connected.clear()
 
     def scan(self) -> None:
         """Requests whose file event was missed (the listing is the truth)."""
@@ -155,7 +166,7 @@ class LiveRequests:
         agent.record("exec", by="user", code=code, output=cut(res.output, limit),
                      error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
                      restarted=res.restarted, elapsed_s=res.elapsed_s)
-        return {"ran": True, "output": res.output, "error": res.error, "timed_out": res.timed_out,
+        return {"ran": not res.not_run, "output": res.output, "error": res.error, "timed_out": res.timed_out,
                 "restarted": res.restarted, "elapsed_s": res.elapsed_s}
 
     def _connection(self, agent) -> dict:
@@ -173,4 +184,5 @@ class LiveRequests:
         write_atomic(path, json.dumps({**info, "kernel_name": "python3"}, indent=1), durable=False)
         os.chmod(path, 0o600)
         agent.record("kernel_connect", by="user", file=str(path))  # who else may be in this kernel
+        self.connected.add(agent.session.id)
         return {"connection_file": str(path), "pid": agent.kernel.handle.pid}

@@ -141,6 +141,9 @@ class Runner:
         """Settings from primefs.yaml (again after it changed: Intake.check_config)."""
         self.limits = self.ws.limits()
         redact.configure(self.ws.config)  # the keys this workspace names are never written to a file
+        requests = getattr(self, "requests", None)  # (not yet made at the first call)
+        if requests is not None and requests.connected and not self.ws.config.get("kernel_connect"):
+            requests.revoke()
 
     def _make_agent(self, session: Session) -> Agent:
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,

@@ -233,6 +233,11 @@ class Turns:
         idle ones are snapshotted and shut down (their next turn restores them)."""
         if not agent.kernel.running():
             return
+        if agent.retire_kernel:  # asked for during the turn
+            why, agent.retire_kernel = agent.retire_kernel, None
+            agent.kernel.shutdown(snapshot="idle")
+            agent.kernel_gone = why
+            return
         if agent.session.status == "stopped":
             agent.kernel.shutdown(snapshot="stopped")
             return
@@ -246,15 +251,23 @@ class Turns:
         for old in evict:
             threading.Thread(target=self._evict, args=(self.agents[old],), name=f"evict-{old}", daemon=True).start()
 
-    def _evict(self, agent: Agent) -> None:
+    def _evict(self, agent: Agent, why: str = "it was shut down while the session was idle") -> bool:
+        """Snapshot and shut down an idle session's kernel; False if a turn holds it (it keeps it)."""
         if not agent.turn_lock.acquire(blocking=False):
-            return  # it started a turn meanwhile: it keeps its kernel
+            return False
         try:
             if agent.kernel.running():
                 agent.kernel.shutdown(snapshot="idle")
-                agent.evicted = True
+                agent.kernel_gone = why
         finally:
             agent.turn_lock.release()
+        return True
+
+    def retire_kernel(self, agent: Agent, why: str) -> None:
+        """This session's kernel must go (e.g. its connection file was revoked): now if it is idle, else
+        when its turn ends."""
+        if not self._evict(agent, why):
+            agent.retire_kernel = why
 
     def shutdown_kernels(self) -> None:
         """Runner stop: every kernel is snapshotted, then shut down (in parallel)."""
