@@ -16,6 +16,7 @@ from .kernel import SessionKernel
 from .kernelclient import CellResult, cut
 from .kernelhost import KernelHost, KernelSpec
 from .localkernels import kernel_env
+from .models import key_files
 from .postoffice import PostOffice
 from .prompt import system_prompt
 from .providers.base import PYTHON_TOOL, ModelError
@@ -82,12 +83,16 @@ class Agent:
         skill_dirs = [str(self.tree.dir / s / "harness" / "skills") for s in self.tree.chain(self.session.id)]
         skill_dirs.append(str(self.ws.harness / "skills"))
         self.room.mkdir(exist_ok=True)
+        box = self.sandbox()
+        refused = trust.skills_refused(self.ws, skill_dirs) if trust.lowers(box) else {}
         return KernelSpec(self.session.id, self.ws.root, self.room, rooms=[self.room, self.session.dir / "kernel"],
                           setup={"workspace": str(self.ws.root), "history": str(self.session.history.path),
                                  "context_paths": list(meta.get("context") or []),
                                  "context_data": meta.get("context_data"), "skill_dirs": skill_dirs,
+                                 "skills_refused": refused,
                                  "tools": [t.spec() for t in self.tools()], "plugins_dir": str(self.ws.plugins)},
-                          resources=dict(meta.get("resources") or {}), sandbox=self.sandbox())
+                          resources=dict(meta.get("resources") or {}), sandbox=box,
+                          hidden=key_files(self.ws.config))
 
     def sandbox(self) -> dict | None:
         """The session's sandbox: its own `sandbox:` (from its goal, or inherited), else primefs.yaml's, else
@@ -123,7 +128,7 @@ class Agent:
         self.room.mkdir(exist_ok=True)
         if box is not None:
             box = sandbox.box_for(box, self.ws.root, [self.room, self.session.dir / "kernel"], self.room,
-                                  hide=[self.ws.runtime.parent])
+                                  hide=[self.ws.runtime.parent], hide_files=key_files(self.ws.config))
         return sandbox.run_in_box(box, ["sh", "-c", command], timeout, kernel_env(), cwd=self.room)
 
     def tools(self) -> list:

@@ -37,7 +37,7 @@ from . import __version__
 from .errors import PrimefsError
 from . import summary as summaries
 from .eventindex import index_histories, sync_events
-from .fsutil import fsync_dir, open_regular, write_atomic
+from .fsutil import fsync_dir, open_regular, walk_tree, write_atomic
 from .gitops import commit_paths, git
 from .index import ARCHIVING, Index, read_result, row_of
 from .summary import stat_key
@@ -187,17 +187,15 @@ def _write_zip(ws, stage: Path, journal: dict) -> None:
     skipped: list[str] = []
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as z:
         for sid in journal["sessions"]:
-            folder = stage / sid
-            for here, dirs, files in os.walk(folder):  # links to folders are listed, never followed
-                rel = Path(here).relative_to(folder)
-                dirs[:] = sorted(d for d in dirs if not (rel == Path(".") and d in RUNTIME) and
-                                 not (rel == Path("mail") and d == "tmp"))
-                z.writestr(f"sessions/{sid}/{rel.as_posix()}/".replace("/./", "/"), b"")  # empty folders too
-                for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(here, d))]):
-                    if not (rel == Path(".") and name in RUNTIME) and not name.endswith(".tmp"):
-                        _add(z, Path(here) / name, f"sessions/{sid}/{(rel / name).as_posix()}", skipped)
+            z.writestr(f"sessions/{sid}/", b"")
+            for rel, kind, st, value in walk_tree(stage / sid):  # never through a link
+                top = rel.split("/", 1)[0]
+                if top in RUNTIME or rel.startswith("mail/tmp") or rel.endswith(".tmp"):
+                    continue
+                _add(z, f"sessions/{sid}/{rel}", kind, st, value, skipped)
         if journal["goal"]:
-            _add(z, stage / journal["goal"], journal["goal"], skipped)
+            path = stage / journal["goal"]
+            _add(z, journal["goal"], "file", os.lstat(path), lambda: open_regular(path), skipped)
         manifest["skipped"] = skipped  # FIFOs, sockets, devices: not files, never read
         z.writestr(MANIFEST, json.dumps(manifest, indent=1))
     with open(tmp, "rb") as f:
@@ -206,19 +204,25 @@ def _write_zip(ws, stage: Path, journal: dict) -> None:
     fsync_dir(final.parent)
 
 
-def _add(z: zipfile.ZipFile, path: Path, arcname: str, skipped: list[str]) -> None:
-    """One entry: a regular file's bytes, a symbolic link as a link (its target never read: a link to
-    /etc/shadow or /dev/zero stays a link), anything else left out."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        info = zipfile.ZipInfo(arcname, time.localtime(st.st_mtime)[:6])
-        info.external_attr = (stat.S_IFLNK | 0o777) << 16
-        z.writestr(info, os.readlink(path))
-    elif stat.S_ISREG(st.st_mode):
-        with open_regular(path) as src, z.open(zipfile.ZipInfo.from_file(path, arcname), "w") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-    else:
+def _add(z: zipfile.ZipFile, arcname: str, kind: str, st, value, skipped: list[str]) -> None:
+    """One entry (as fsutil.walk_tree gives it): a folder (empty ones too), a regular file's bytes, a
+    symbolic link as a link (its target never read: a link to /etc/shadow or /dev/zero stays a link),
+    anything else left out."""
+    if kind == "dir":
+        z.writestr(arcname + "/", b"")
+        return
+    if kind not in ("file", "link"):
         skipped.append(arcname)
+        return
+    info = zipfile.ZipInfo(arcname, time.localtime(st.st_mtime)[:6])
+    info.compress_type = zipfile.ZIP_DEFLATED
+    if kind == "link":
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        z.writestr(info, value)
+        return
+    info.external_attr = (st.st_mode & 0xFFFF) << 16
+    with value() as src, z.open(info, "w", force_zip64=st.st_size > (1 << 31)) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
 
 
 def _finish(ws, index: Index, stage: Path, journal: dict) -> None:

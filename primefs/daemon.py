@@ -229,12 +229,13 @@ def up(ctx, timeout, ray, as_json):
         raise PrimefsError(f"a runner is already running in {ws.root}" + (f" (pid {pid})" if pid else "")
                            + "; see `primefs runner`, stop it with `primefs down`")
     log = log_path(ws)
-    with open(log, "ab") as f:
+    with open(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as f:  # the runner's only
+        os.fchmod(f.fileno(), 0o600)
         f.write(f"--- primefs up {datetime.now().isoformat(timespec='seconds')} ---\n".encode())
         start_offset = f.tell()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         args = ["--ray", ray] if ray else []
-        proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", *args], cwd=ws.root,
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "primefs", "-w", str(ws.root), "run", *args], cwd=ws.root,
                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, close_fds=True)
     deadline = time.monotonic() + timeout

@@ -128,7 +128,7 @@ def _kernel(req: dict, server_pid: int) -> None:
     os.dup2(null, 0)
     os.dup2(log, 1)  # stray output of C code and subprocesses; cells' output goes to iopub
     os.dup2(log, 2)
-    os.closerange(3, 256)  # the control pipe above all: a kernel must not hold the runner's pipe
+    os.closerange(3, 1 << 30)  # the control pipe above all: a kernel must not hold the runner's pipe
     os.environ.clear()
     os.environ.update(req["env"])
     sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)

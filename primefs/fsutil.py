@@ -47,6 +47,46 @@ def open_regular(path, mode: str = "rb", follow: bool = False):
         raise
 
 
+def walk_tree(top):
+    """Everything below the folder `top` as (relative path, kind, st, value), read through folder
+    descriptors so that nothing is reached through a link, even one swapped in while the walk runs (a
+    live kernel may be changing its room): kind "dir"; "file" (value: a function that opens it, binary,
+    to be called before the next item); "link" (value: its target, never followed); "other" (FIFOs,
+    sockets, devices: never opened). Folders that are links are listed as links, not entered."""
+    for folder, dirs, files, dirfd in os.fwalk(top, follow_symlinks=False):
+        rel = os.path.relpath(folder, top)
+        base = "" if rel == "." else rel + "/"
+        if base:
+            yield base.rstrip("/"), "dir", os.fstat(dirfd), None
+        for name in sorted(dirs + files):
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            if stat.S_ISDIR(st.st_mode):
+                continue  # entered by fwalk (and listed there)
+            if stat.S_ISLNK(st.st_mode):
+                try:
+                    yield base + name, "link", st, os.readlink(name, dir_fd=dirfd)
+                except OSError:
+                    pass
+            elif stat.S_ISREG(st.st_mode):
+                yield base + name, "file", st, _opener(name, dirfd)
+            else:
+                yield base + name, "other", st, None
+
+
+def _opener(name: str, dirfd: int):
+    def open_it():
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise NotRegular(errno.EINVAL, "not a regular file", name)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    return open_it
+
+
 def read_regular(path, follow: bool = False) -> str:
     """A regular file's text (UTF-8, errors replaced); OSError as open_regular() raises it."""
     with open_regular(path, "r", follow) as f:

@@ -7,6 +7,8 @@ thread: a burst of turn ends becomes one commit instead of hundreds, its subject
 from __future__ import annotations
 
 import fcntl
+import io
+import os
 import subprocess
 import threading
 import time
@@ -14,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .fsutil import walk_tree
 from .workspace import git_env
 
 
@@ -65,26 +68,69 @@ def pathspec(paths: list[str], harness: bool = False) -> list[str]:
     return list(paths) + [f":(exclude){p}/harness" for p in paths if p.startswith("sessions/") and p.count("/") == 1]
 
 
-# Files a kernel wrote in its room are committed as they are: no clean filter of a .gitattributes it wrote
-# (or of the user's) runs on them.
-ROOM_ATTRIBUTES = ("sessions/*/work/** -filter",)
-
-
 def ignore_runtime(root: Path) -> None:
-    """The runtime patterns in .git/info/exclude (not the user's .gitignore: nothing to commit), and
-    ROOM_ATTRIBUTES in .git/info/attributes."""
+    """The runtime patterns in .git/info/exclude (not the user's .gitignore: nothing to commit)."""
     try:
-        for name, lines, title in (("info/exclude", RUNTIME, "# primefs runtime files"),
-                                   ("info/attributes", ROOM_ATTRIBUTES, "# primefs: kernels' files as written")):
-            path = Path(root) / git(Path(root), "rev-parse", "--git-path", name).stdout.strip()
-            have = path.read_text().splitlines() if path.exists() else []
-            missing = [p for p in lines if p not in have]
-            if missing:
-                path.parent.mkdir(exist_ok=True)
-                with open(path, "a") as f:
-                    f.write("".join(f"{p}\n" for p in [title, *missing]))
+        exclude = Path(root) / git(Path(root), "rev-parse", "--git-path", "info/exclude").stdout.strip()
+        have = exclude.read_text().splitlines() if exclude.exists() else []
+        missing = [p for p in RUNTIME if p not in have]
+        if missing:
+            exclude.parent.mkdir(exist_ok=True)
+            with open(exclude, "a") as f:
+                f.write("".join(f"{p}\n" for p in ["# primefs runtime files", *missing]))
     except (OSError, subprocess.CalledProcessError):  # not a git repository: nothing is committed anyway
         pass
+
+
+# -- rooms: what kernels wrote ----------------------------------------------------------------------
+# A session's room (sessions/<id>/work/) is written by its kernel, which may still run while the runner
+# commits. git reads files by path, and a kernel that swaps a folder for a link at the right moment
+# would make it read anything the runner may (as root: anything). So rooms are never given to `git add`:
+# they are read here through folder descriptors (fsutil.walk_tree), their blobs written to the object
+# store, their entries put in the index; no filter or attribute of git applies to them.
+_BLOBS: dict[tuple, str] = {}  # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha: unchanged files not read again
+
+
+def rooms_of(paths: list[str]) -> list[str]:
+    return [f"{p}/work" for p in paths if p.startswith("sessions/") and p.count("/") == 1]
+
+
+def room_entries(root: Path, rooms: list[str]) -> list[str]:
+    """`git update-index --index-info` lines that make the index hold these rooms as they are now."""
+    from gitdb import IStream, LooseObjectDB
+
+    objects = LooseObjectDB(str(Path(root) / git(root, "rev-parse", "--git-path", "objects").stdout.strip()))
+    found: dict[str, str] = {}
+    for room in rooms:
+        for rel, kind, st, value in walk_tree(Path(root) / room) if (Path(root) / room).is_dir() else []:
+            path = f"{room}/{rel}"
+            if kind == "link":
+                data = os.fsencode(value)
+                sha = objects.store(IStream(b"blob", len(data), io.BytesIO(data))).binsha.hex()
+                found[path] = f"120000 {sha}"
+            elif kind == "file":
+                key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                sha = _BLOBS.get(key)
+                if sha is None:
+                    try:
+                        with value() as f:
+                            size = os.fstat(f.fileno()).st_size
+                            sha = objects.store(IStream(b"blob", size, f)).binsha.hex()
+                    except OSError:
+                        continue  # gone, or swapped for something that is not a file
+                    _BLOBS[key] = sha
+                found[path] = f"{'100755' if st.st_mode & 0o111 else '100644'} {sha}"
+    if found:  # what .gitignore leaves out (as `git add` would); tracked files stay
+        ignored = git(root, "check-ignore", "-z", "--stdin", input="".join(p + "\0" for p in found),
+                      check=False).stdout.split("\0")
+        for p in ignored:
+            found.pop(p, None)
+    lines = [f"{entry}\t{path}" for path, entry in found.items()]
+    if rooms:
+        for rec in git(root, "ls-files", "-s", "-z", "--", *rooms).stdout.split("\0"):
+            if rec and rec.split("\t", 1)[1] not in found:
+                lines.append(f"0 {'0' * 40}\t{rec.split(chr(9), 1)[1]}")  # gone from the room
+    return lines
 
 
 def commit_paths(root: Path, paths: list[str], message: str, *, harness: bool = False) -> bool:
@@ -94,9 +140,12 @@ def commit_paths(root: Path, paths: list[str], message: str, *, harness: bool = 
     The commit is built in a private index (.primefs/git-index, kept equal to HEAD) rather than with
     `git commit -- paths`, which refreshes every entry of the index (a stat of every file of every
     session: 0.2 s a commit at 10,000 sessions). The user's index gets these paths as committed."""
-    spec = pathspec(paths, harness)
+    spec, rooms = pathspec(paths, harness), rooms_of(paths)
     with commit_lock(root):
-        git(root, "add", "-A", "--", *spec)
+        git(root, "add", "-A", "--", *spec, *(f":(exclude){r}" for r in rooms))  # rooms: room_entries
+        lines = room_entries(root, rooms)
+        if lines:
+            git(root, "update-index", "-z", "--index-info", input="".join(line + "\0" for line in lines))
         index = PrivateIndex(root)
         try:
             return index.commit(spec, message)

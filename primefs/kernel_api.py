@@ -143,10 +143,11 @@ class SkillsModule(types.ModuleType):
     The skill's module is `__init__.py`, `<name>.py`, `skill.py` or its only .py file; it is loaded
     again when the file changed, so edits apply without restarting the kernel."""
 
-    def __init__(self, dirs: list[str]):
+    def __init__(self, dirs: list[str], refused: dict[str, str] | None = None):
         super().__init__("skills", "Skills from the primefs harness: `from skills import <name>`.")
         self.__path__ = []  # a namespace-like package: submodules are resolved by __getattr__
         self._dirs = [Path(d) for d in dirs]
+        self._refused = refused or {}  # skill folder -> why it is not loaded in this kernel
         self._loaded: dict[str, tuple[float, types.ModuleType]] = {}
 
     def __dir__(self):
@@ -159,6 +160,8 @@ class SkillsModule(types.ModuleType):
         folder = next((d / attr.replace("_", "-") for d in self._dirs if (d / attr.replace("_", "-")).is_dir()), None)
         if folder is None:
             raise AttributeError(f"no skill {attr.replace('_', '-')!r} in the harness (see harness.list('skill'))")
+        if str(folder) in self._refused:  # (ImportError: `from skills import x` shows it as it is)
+            raise ImportError(self._refused[str(folder)])
         pys = sorted(folder.glob("*.py"))
         pick = next((folder / n for n in ("__init__.py", f"{attr}.py", "skill.py") if (folder / n).is_file()),
                     pys[0] if len(pys) == 1 else None)
@@ -201,9 +204,10 @@ def route_thread_output(shell) -> None:
 
 def setup(ns: dict, *, sock: str, token: str, session_id: str, workspace: str = ".", history: str | None = None,
           context_paths: list[str] | None = None, context_data: str | None = None, skill_dirs: list[str] | None = None,
+          skills_refused: dict[str, str] | None = None,
           tools: list[dict] | None = None, plugins_dir: str | None = None) -> None:
     link = _Link(sock, token)
-    sys.modules["skills"] = SkillsModule(skill_dirs or [])
+    sys.modules["skills"] = SkillsModule(skill_dirs or [], skills_refused)
 
     def refine(instructions: str | None = None, scope: str = "global") -> str:
         """Ask for one refinement of the harness from this session's recent events, applied when

@@ -31,6 +31,7 @@ class KernelSpec:
     setup: dict = field(default_factory=dict)  # kernel_api.setup(): context_paths, context_data, skill_dirs
     resources: dict = field(default_factory=dict)  # what a placement needs (num_cpus, memory, ...)
     sandbox: dict | None = None  # settings.SANDBOX keys; None: no sandbox
+    hidden: list = field(default_factory=list)  # files a sandboxed kernel must not read (api_key_file keys)
 
     def __post_init__(self):
         self.cwd = Path(self.cwd or self.workspace)
@@ -39,12 +40,12 @@ class KernelSpec:
         """Plain data, for another process (a Ray node)."""
         return {"session_id": self.session_id, "workspace": str(self.workspace), "cwd": str(self.cwd),
                 "rooms": [str(r) for r in self.rooms], "setup": dict(self.setup), "resources": dict(self.resources),
-                "sandbox": self.sandbox}
+                "sandbox": self.sandbox, "hidden": [str(h) for h in self.hidden]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelSpec":
         return cls(d["session_id"], Path(d["workspace"]), Path(d["cwd"]), [Path(r) for r in d["rooms"]],
-                   d["setup"], d["resources"], d["sandbox"])
+                   d["setup"], d["resources"], d["sandbox"], d.get("hidden") or [])
 
 
 class KernelHandle(ABC):

@@ -75,6 +75,7 @@ class LocalKernel(KernelHandle):
         self.host, self.session_id, self.token, self.pid = host, spec.session_id, token, pid
         self.spec, self.base, self.cgroup = spec, base, cgroup
         self.dead = False
+        self.requests = 0  # its requests being served now
         self.client = KernelClient(info, alive=self.alive, interrupt=self.interrupt)
 
     def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
@@ -153,7 +154,8 @@ class LocalKernelHost(KernelHost):
     def _start_server(self) -> None:
         self._ready.clear()
         log = open(self.dir / "forkserver.log", "ab")
-        self._server = subprocess.Popen([sys.executable, "-m", "primefs.forkserver"], stdin=subprocess.PIPE,
+        # -P: the working folder (the workspace) is not on sys.path: a module planted there never loads
+        self._server = subprocess.Popen([sys.executable, "-P", "-m", "primefs.forkserver"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=log, env=kernel_env(), cwd=self.cwd,
                                         start_new_session=True, close_fds=True)
         log.close()
@@ -252,6 +254,9 @@ class LocalKernelHost(KernelHost):
             self._by_pid[pid] = k
         try:
             k.client.wait_ready(START_TIMEOUT_S, cancelled=lambda: self.closed)
+            if box is not None and box["uid"] != os.getuid():  # its sockets are bound: the folder is ours
+                os.chown(base, os.getuid(), os.getgid())  # again (none of them can be swapped for a link)
+                os.chmod(base, 0o755)
         except RuntimeError as exc:  # say why, from the kernel's own last words
             why = _last_line(Path(f"{base}.log"))
             k.shutdown()
@@ -276,7 +281,7 @@ class LocalKernelHost(KernelHost):
         settings = spec.sandbox
         cgroup = sandbox.Cgroup.make(base.name, int(settings["memory_mb"]), int(settings["processes"]))
         box = sandbox.box_for(settings, spec.workspace, spec.rooms, spec.cwd, sockets=str(base),
-                              hide=[self.runtime.parent], cgroup=cgroup)
+                              hide=[self.runtime.parent], hide_files=spec.hidden, cgroup=cgroup)
         return box, cgroup
 
     # -- limits over a kernel's tree --------------------------------------------------------------
@@ -287,17 +292,23 @@ class LocalKernelHost(KernelHost):
                 self._watch.start()
 
     def _watch_loop(self) -> None:
-        """CPU seconds of a sandboxed kernel's whole tree (its cgroup) and the size of its room, against
-        `cpu_s` and `disk_mb`: past either, the kernel and all it started are ended."""
+        """CPU seconds of a sandboxed kernel's whole tree (its cgroup) and what it wrote (its room, its
+        kernel/ folder, its socket folder), against `cpu_s` and `disk_mb`: past either, the kernel and all
+        it started are ended. Rooms are measured every second while a cell runs, else every 10 s (a
+        thread may go on writing after its cell)."""
+        rounds = 0
         while not self.closed:
+            rounds += 1
             with self._lock:
                 kernels = [k for k in self._by_token.values() if k.spec.sandbox and not k.dead]
             for k in kernels:
                 box = k.spec.sandbox
                 if k.cgroup is not None and k.cgroup.cpu_seconds() > float(box["cpu_s"]):
                     k.kill(f"its processes used more than sandbox.cpu_s ({box['cpu_s']} CPU seconds)")
-                elif k.client.busy and room_bytes(k.spec.rooms[:1]) > int(box["disk_mb"]) * 1024 * 1024:
-                    k.kill(f"its room sessions/{k.session_id}/work/ grew past sandbox.disk_mb ({box['disk_mb']} MB)")
+                elif (k.client.busy or rounds % 10 == 0) and \
+                        room_bytes([*k.spec.rooms, k.base]) > int(box["disk_mb"]) * 1024 * 1024:
+                    k.kill(f"what it wrote (sessions/{k.session_id}/work/ and kernel/) grew past sandbox.disk_mb "
+                           f"({box['disk_mb']} MB)")
             time.sleep(WATCH_S)
 
     def forget(self, k: LocalKernel) -> None:
@@ -320,7 +331,15 @@ class LocalKernelHost(KernelHost):
         if not descends_from(peer, k.pid):
             raise PermissionError("request refused: the caller is not a process of the kernel this token "
                                   "was issued to")
-        return self.handler(k.session_id, op, args)
+        with self._lock:
+            if k.requests >= MAX_REQUESTS:  # one kernel cannot take every thread of the runner
+                raise PermissionError(f"request refused: this kernel has {MAX_REQUESTS} requests waiting already")
+            k.requests += 1
+        try:
+            return self.handler(k.session_id, op, args)
+        finally:
+            with self._lock:
+                k.requests -= 1
 
     def _hello(self, peer: int, rid) -> dict:
         """A new kernel's key and token: once, and only to the process tree the template forked for it."""
@@ -354,6 +373,7 @@ class LocalKernelHost(KernelHost):
 
 
 WATCH_S = 1.0
+MAX_REQUESTS = 256  # requests one kernel may have waiting at once (threads blocked in wait(), llm(), ...)
 
 
 def room_bytes(rooms: list) -> int:

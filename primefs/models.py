@@ -52,6 +52,15 @@ def key_from_file(path: str) -> str:
     return key
 
 
+def key_files(config: dict) -> list[str]:
+    """The `api_key_file`s of primefs.yaml's aliases, as absolute paths (hidden from sandboxed kernels)."""
+    out = []
+    for alias in (config.get("models") or {}).values():
+        if isinstance(alias, dict) and isinstance(alias.get("api_key_file"), str):
+            out.append(str(Path(alias["api_key_file"]).expanduser().resolve()))
+    return out
+
+
 def provider_of(model_id: str) -> str:
     prefix = model_id.split("/", 1)[0] if "/" in model_id else None
     if prefix:

@@ -19,6 +19,8 @@ from typing import Callable
 from .errors import PrimefsError
 
 Handler = Callable[[str, int, str, dict], object]  # (token, caller pid, op, args) -> JSON-able result
+MAX_REQUEST_BYTES = 512 * 1024 * 1024  # a request is one line: an rlm() context travels in it
+READ_TIMEOUT_S = 30.0
 
 
 class RpcError(Exception):
@@ -53,10 +55,19 @@ class RpcServer:
         outer = self
 
         class Conn(socketserver.StreamRequestHandler):
+            timeout = READ_TIMEOUT_S  # a caller that connects and says nothing holds no thread for long
+
             def handle(self):
-                line = self.rfile.readline()
+                try:
+                    line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
+                except OSError:
+                    return
                 if not line:
                     return
+                if len(line) > MAX_REQUEST_BYTES or not line.endswith(b"\n"):
+                    self._reply(error_reply(ValueError(f"request over {MAX_REQUEST_BYTES:,} bytes, or cut off")))
+                    return
+                self.connection.settimeout(None)  # the answer may take hours (wait(), recv())
                 try:
                     req = json.loads(line)
                     result = outer.handler(str(req.get("token", "")), peer_pid(self.connection), str(req["op"]),
@@ -64,6 +75,9 @@ class RpcServer:
                     reply = {"ok": True, "result": result}
                 except Exception as exc:  # becomes an exception in the cell, not a runner crash
                     reply = error_reply(exc)
+                self._reply(reply)
+
+            def _reply(self, reply: dict) -> None:
                 try:
                     self.wfile.write((json.dumps(reply, default=str) + "\n").encode())
                 except OSError:

@@ -88,7 +88,8 @@ class RunnerLock:
 
 class OnceLog:
     """The runner's log. A warning or error said once is not said again (a bad file is reported once,
-    not at every rescan); other lines pass. Remembers the last 10,000 such messages."""
+    not at every rescan); other lines pass. Remembers the last 10,000 such messages. Known secrets are
+    redacted (a provider's error may carry a key: `primefs up` keeps the log in .primefs/runner.log)."""
 
     def __init__(self, log):
         self.out = log
@@ -96,6 +97,7 @@ class OnceLog:
         self.lock = threading.Lock()
 
     def __call__(self, msg: str) -> None:
+        msg = redact.text(msg)
         if msg.startswith(("warning:", "error", "goal error:")):
             with self.lock:
                 if msg in self.said:
@@ -131,8 +133,8 @@ class Runner:
         self.alive = Alive(ws, self.tree, self.intake, self.turns, self.scheduler, self.log,
                            apply_stop=self.apply_stop, apply_refine=self.apply_refine_request)
         self.intake.on_adopt = self.alive.wake
-        self.archiver = archive.OnRequest(ws, busy=lambda sid: self.scheduler.busy(sid) or sid in self.alive.awake,
-                                          alive=self.alive, before=self._flush_commits, guarded=self.guarded)
+        self.archiver = archive.OnRequest(ws, busy=self._in_use, alive=self.alive, before=self._flush_commits,
+                                          guarded=self.guarded)
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
@@ -144,6 +146,14 @@ class Runner:
         requests = getattr(self, "requests", None)  # (not yet made at the first call)
         if requests is not None and requests.connected and not self.ws.config.get("kernel_connect"):
             requests.revoke()
+
+    def _in_use(self, sid: str) -> bool:
+        """Not to be archived now: queued, running or awake. A finished session's kernel still parked goes
+        first (a live kernel could change its room while the archive reads it)."""
+        if self.scheduler.busy(sid) or sid in self.alive.awake:
+            return True
+        agent = self.turns.agents.get(sid)
+        return agent is not None and agent.kernel.running() and not self.turns.evict(agent, "its session was archived")
 
     def _make_agent(self, session: Session) -> Agent:
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,

@@ -107,9 +107,9 @@ def python_paths() -> list[str]:
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(os.path.realpath(sys.executable))}
     paths.update(p for p in sys.path if p and os.path.isabs(p))
-    for name, module in list(sys.modules.items()):
+    for name, module in list(sys.modules.items()):  # editable installs: the package folders themselves
         if name.startswith("__editable__") and isinstance(getattr(module, "MAPPING", None), dict):
-            paths.update(os.path.dirname(p) for p in module.MAPPING.values())
+            paths.update(module.MAPPING.values())
     return sorted(p for p in paths if os.path.exists(p))
 
 
@@ -132,12 +132,21 @@ def _topmost(paths) -> list[str]:
     return [p for p in real if not any(_under(p, q) and p != q for q in real)]
 
 
+def _home() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return ""
+
+
 def hidden_folders(box: dict, exposed: list[str]) -> list[str]:
     """Folders replaced by an empty mount: temporary and runtime folders (host sockets live there), the
     runner's home, and (as root) any folder on the way to an exposed path that the kernel's uid could not
     pass anyway. Top-most only: a folder inside another is hidden with it."""
-    found = ["/tmp", "/var/tmp", "/dev/shm", *box.get("hide", [])]
-    found.append(os.environ.get("HOME") or ("/root" if os.getuid() == 0 else ""))
+    found = ["/tmp", "/var/tmp", "/sys/fs/cgroup", *box.get("hide", [])]
+    found += [os.environ.get("HOME") or "", _home()]
     found.append("/run" if not box["settings"].get("network") else f"/run/user/{os.getuid()}")
     uid = box["uid"]
     if uid != os.getuid():
@@ -253,19 +262,21 @@ def _build_mounts(box: dict) -> None:
     if not _traversable(os.path.realpath(box["workspace"]), box["uid"]):
         raise SandboxError(f"the workspace {box['workspace']} cannot be read by the kernel's uid {box['uid']}")
     sockets = box.get("sockets_host")
+    devices = [d for d in DEVICES if os.path.exists(d)] + sorted(
+        os.path.join("/dev", n) for n in os.listdir("/dev") if n.startswith(GPU_DEVICES))
     # Sources are opened now, in this mount namespace, before the hiding mounts cover them.
-    fds = {p: os.open(p, os.O_PATH) for p in {*exposed, *rooms, *([sockets] if sockets else [])}}
+    fds = {p: os.open(p, os.O_PATH) for p in {*exposed, *rooms, *devices, *([sockets] if sockets else [])}}
     tmp_mb = max(16, int(box["settings"]["memory_mb"]) // 4)
     for folder in hidden:
-        if folder == "/tmp":
-            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={tmp_mb}m")
-        elif folder == "/dev/shm":
-            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
-        else:
-            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+        mode, size = ("1777", f"{tmp_mb}m") if folder == "/tmp" else ("0755", "1m")
+        _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size={size}")
     for path in exposed:  # parents first: a bind inside another stays visible
         if any(_under(path, h) for h in hidden):
             _bind_into_skeleton(fds[path], path)
+    for path in box.get("hide_files") or []:  # a key file outside the workspace reads as empty
+        if os.path.isfile(path):
+            _mount("/dev/null", path, None, MS_BIND)
+    _minimal_dev(devices, fds)
     if sockets:
         os.makedirs(SOCKETS, exist_ok=True)
         _mount(f"/proc/self/fd/{fds[sockets]}", SOCKETS, None, MS_BIND)
@@ -274,9 +285,29 @@ def _build_mounts(box: dict) -> None:
     for fd in fds.values():
         os.close(fd)
     _set_read_only("/", True)
-    for path in [*rooms, *([SOCKETS] if sockets else []), *(h for h in hidden if h in ("/tmp", "/dev/shm"))]:
+    for path in [*rooms, *([SOCKETS] if sockets else []), "/tmp", "/dev/shm"]:
         _set_read_only(path, False)
     _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+# The devices a kernel gets (the host's others, /dev/fuse or /dev/net/tun, are not there), and GPUs'.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+GPU_DEVICES = ("nvidia", "kfd")
+
+
+def _minimal_dev(devices: list[str], fds: dict) -> None:
+    """A /dev of its own: the few devices above bound in, a new pts instance, a private /dev/shm."""
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "mode=0755,size=1m")
+    for dev in devices:
+        open(dev, "w").close()
+        _mount(f"/proc/self/fd/{fds[dev]}", dev, None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        os.symlink(target, f"/dev/{name}")
+    os.makedirs("/dev/pts")
+    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    os.makedirs("/dev/shm")
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
 
 
 def _bind_into_skeleton(fd: int, path: str) -> None:
@@ -448,7 +479,7 @@ def remove_stale_cgroups() -> None:
 
 
 # -- the runner's side: boxes, commands in them, what this machine allows ------------------------------
-def box_for(settings: dict, workspace, rooms: list, cwd, *, sockets: str | None = None, hide=(),
+def box_for(settings: dict, workspace, rooms: list, cwd, *, sockets: str | None = None, hide=(), hide_files=(),
             cgroup: "Cgroup | None" = None) -> dict:
     """What enter() needs: the rooms made (and, for a root runner, given to the kernel's uid), plus the
     folders a person's `sandbox: {write: [...]}` grants."""
@@ -467,23 +498,24 @@ def box_for(settings: dict, workspace, rooms: list, cwd, *, sockets: str | None 
         rooms.append(folder)
     return {"settings": settings, "workspace": str(workspace), "rooms": rooms, "cwd": str(cwd), "uid": uid,
             "gid": gid, "sockets_host": sockets, "hide": [str(h) for h in hide],
+            "hide_files": [str(f) for f in hide_files],
             "cgroup": cgroup.folders if cgroup else []}
 
 
 def give(path, uid: int, gid: int) -> None:
     """Make the folder `path` (and what is in it) the kernel's, when it is not yet. Never through a link:
-    a room that is a link (made by a kernel without a sandbox) is refused, links inside are changed
-    themselves, not what they point to."""
+    a room that is a link (made by a kernel without a sandbox) is refused, and what is inside is changed
+    through folder descriptors (a folder swapped for a link meanwhile is not entered)."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise SandboxError(f"{path} is not a folder (a link?): refusing to give it to the kernel's uid {uid}")
     if st.st_uid == uid:
         return
     os.lchown(path, uid, gid)
-    for folder, dirs, files in os.walk(path):
+    for _folder, dirs, files, dirfd in os.fwalk(path, follow_symlinks=False):
         for name in dirs + files:
             try:
-                os.lchown(os.path.join(folder, name), uid, gid)
+                os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
             except OSError:
                 pass
 
@@ -493,8 +525,8 @@ def run_in_box(box: dict | None, argv: list[str], timeout: float, env: dict, cwd
     over `timeout` and was ended with all it started; its output)."""
     import subprocess
 
-    if box is not None:
-        argv, cwd = [sys.executable, "-m", "primefs.sandbox", json.dumps(box), "--", *argv], box["cwd"]
+    if box is not None:  # -P and "/": nothing of the room (where it goes) is on the launcher's sys.path
+        argv, cwd = [sys.executable, "-P", "-m", "primefs.sandbox", json.dumps(box), "--", *argv], "/"
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, cwd=cwd, start_new_session=True)
     try:
@@ -564,6 +596,7 @@ def main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m primefs.sandbox BOX_JSON -- PROGRAM [ARGS...]", file=sys.stderr)
         raise SystemExit(2)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a runner that dies takes its end-condition commands along
     enter(json.loads(argv[0]))
     try:
         os.execvp(argv[2], argv[2:])

@@ -23,6 +23,7 @@ from .session import Session, create_session
 from .settings import check_resources
 from .toolbox import ToolBox
 from .tools import check_selection
+from .trust import WRITTEN_BY_KERNELS
 from .tree import SessionTree
 from .turns import Turns
 
@@ -119,7 +120,10 @@ class KernelServices:
                 model = str(spec_model)
             extra["agent"] = agent_spec
             if "tools" in spec.meta:  # the spec's own selection, else the parent's (below)
-                extra["tools"] = check_selection(spec.meta["tools"], f"subagent spec {agent_spec}")
+                wanted = check_selection(spec.meta["tools"], f"subagent spec {agent_spec}")
+                pf = spec.meta.get("primefs") if isinstance(spec.meta.get("primefs"), dict) else {}
+                extra["tools"] = self._within_parent(parent, wanted) if pf.get("source") in WRITTEN_BY_KERNELS \
+                    else wanted
         self.ws.resolve_model(model)  # unknown model: error in the cell, nothing created
         if parent.meta.get("limits"):
             extra["limits"] = parent.meta["limits"]
@@ -137,6 +141,15 @@ class KernelServices:
         tracing.spawned(parent.id, child.id)
         self.intake.adopt(child)
         return {"id": child.id, "name": name}
+
+    def _within_parent(self, parent: Session, wanted):
+        """A kernel-written spec's tool selection, cut to the tools its parent has: a spec a kernel wrote
+        through the harness never gives its child a tool the person did not give the parent (a person's
+        spec may)."""
+        if parent.meta.get("tools") is None:
+            return wanted
+        allowed = {t.name for t in self.toolbox.for_session(parent.meta["tools"])[0]}
+        return sorted(t.name for t in self.toolbox.for_session(wanted)[0] if t.name in allowed)
 
     def _child(self, agent, child: str) -> Session:
         if not isinstance(child, str) or self.tree.parent(child) != agent.session.id:

@@ -4,7 +4,10 @@ sandbox. A file appearing is never enough.
 - workspace plugins (`plugins/*.py`): imported by the runner and the CLI;
 - in primefs.yaml, `mcp_servers:` (commands the runner starts) and a `sandbox:` that lowers the default
   (off, `network: true`, `write:` grants);
-- a goal whose `sandbox:` lowers the default.
+- a goal whose `sandbox:` lowers the default;
+- for a kernel without the default sandbox, a skill that a kernel wrote (through the harness API: its
+  SKILL.md says `primefs: {source: agent}` or `refine`): sandboxed kernels may import any skill, but code
+  that another session's model wrote runs with more rights only once a person trusts it.
 
 `primefs trust PATH...` records the content hash of each (for primefs.yaml, of those sections only, so
 other edits need no new trust) in `.primefs/trust.json`: runtime, git-ignored (a cloned or copied
@@ -19,7 +22,7 @@ import json
 from pathlib import Path
 
 from .errors import PrimefsError
-from .fsutil import write_atomic
+from .fsutil import walk_tree, write_atomic
 
 FILE = "trust.json"
 CONFIG = "primefs.yaml"
@@ -62,11 +65,22 @@ def records(ws) -> dict:
 
 
 def current(ws, rel: str) -> str | None:
-    """The hash of what `rel` holds now (None: no such file)."""
+    """The hash of what `rel` holds now: a file's bytes, a folder's files (a skill), primefs.yaml's
+    sections (None: no such file)."""
     if rel == CONFIG:
         return _digest(config_sections(ws.config))
+    path = ws.root / rel
     try:
-        return _digest((ws.root / rel).read_bytes())
+        if path.is_dir() and not path.is_symlink():
+            parts = []
+            for name, kind, _st, value in walk_tree(path):
+                if kind == "file":
+                    with value() as f:
+                        parts.append([name, hashlib.sha256(f.read()).hexdigest()])
+                elif kind == "link":
+                    parts.append([name, "-> " + value])
+            return _digest(parts)
+        return _digest(path.read_bytes())
     except OSError:
         return None
 
@@ -126,6 +140,33 @@ def needing_trust(ws) -> list[dict]:
         rel = p.relative_to(ws.root).as_posix()
         if goal_lowers_sandbox(ws, p):
             out.append({"path": rel, "what": "goal with a weaker sandbox", "trusted": trusted(ws, rel)})
+    for folder in sorted(skills_refused(ws, [str(ws.harness / "skills")])):
+        rel = Path(folder).relative_to(ws.root).as_posix()
+        out.append({"path": rel, "what": "skill a kernel wrote (for kernels without a sandbox)", "trusted": False})
+    return out
+
+
+WRITTEN_BY_KERNELS = ("agent", "refine")  # harness.put's `source` for what a kernel or a refinement wrote
+
+
+def skills_refused(ws, skill_dirs: list[str]) -> dict[str, str]:
+    """skill folder -> why a kernel without the default sandbox does not load it: written by a kernel, and
+    not trusted since."""
+    from . import frontmatter
+
+    out = {}
+    for parent in skill_dirs:
+        for folder in sorted(Path(parent).iterdir()) if Path(parent).is_dir() else []:
+            try:
+                meta, _ = frontmatter.read(folder / "SKILL.md", str(folder), root=ws.root)
+            except PrimefsError:
+                continue
+            pf = meta.get("primefs") if isinstance(meta.get("primefs"), dict) else {}
+            rel = folder.relative_to(ws.root).as_posix()
+            if pf.get("source") in WRITTEN_BY_KERNELS and not trusted(ws, rel):
+                out[str(folder)] = (f"skill {folder.name!r} was written by a session's kernel ({pf.get('session') or '?'}); "
+                                    "this session has no sandbox, so it loads it only once a person trusts it: "
+                                    f"`primefs trust {rel}`")
     return out
 
 

@@ -249,9 +249,9 @@ class Turns:
             while len(self._idle) > self.max_idle_kernels:
                 evict.append(self._idle.popitem(last=False)[0])
         for old in evict:
-            threading.Thread(target=self._evict, args=(self.agents[old],), name=f"evict-{old}", daemon=True).start()
+            threading.Thread(target=self.evict, args=(self.agents[old],), name=f"evict-{old}", daemon=True).start()
 
-    def _evict(self, agent: Agent, why: str = "it was shut down while the session was idle") -> bool:
+    def evict(self, agent: Agent, why: str = "it was shut down while the session was idle") -> bool:
         """Snapshot and shut down an idle session's kernel; False if a turn holds it (it keeps it)."""
         if not agent.turn_lock.acquire(blocking=False):
             return False
@@ -266,7 +266,7 @@ class Turns:
     def retire_kernel(self, agent: Agent, why: str) -> None:
         """This session's kernel must go (e.g. its connection file was revoked): now if it is idle, else
         when its turn ends."""
-        if not self._evict(agent, why):
+        if not self.evict(agent, why):
             agent.retire_kernel = why
 
     def shutdown_kernels(self) -> None:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from functools import cached_property
@@ -100,9 +101,14 @@ class Workspace:
     def runtime(self) -> Path:
         """Short private folder for sockets and kernel connection files (unix socket paths max ~107 chars)."""
         digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
-        path = Path(tempfile.gettempdir()) / f"primefs-{os.getuid()}" / digest
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return path
+        mine = Path(tempfile.gettempdir()) / f"primefs-{os.getuid()}"
+        for folder, others in ((mine, 0o022), (mine / digest, 0o077)):  # others may not write / not enter
+            folder.mkdir(exist_ok=True, mode=0o700)
+            st = os.lstat(folder)  # made by someone else first (/tmp is everyone's): never use it
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & others:
+                raise PrimefsError(f"{folder} is not a private folder of yours (a link, another user's, or open "
+                                   "to others): remove it, or set TMPDIR to another folder")
+        return mine / digest
 
     # -- config -----------------------------------------------------------------------------------
     @cached_property

@@ -21,7 +21,7 @@ from attack import run_attack
 from conftest import cli, configure, run_once, wait_for
 from test_sandbox import as_nobody  # noqa: F401 - the fixture
 
-from primefs import mail
+from primefs import mail, trust
 from primefs.goals import write_goal
 from primefs.session import list_sessions
 
@@ -39,7 +39,9 @@ def assert_sandbox_held(r: dict, uid: int) -> None:
     assert accepted == [], {name: f[name] for name in accepted}
     assert f["victim key in my own memory"] == "accepted: False"  # nothing inherited from the template
     assert f["uid"] == uid and f["pid"] == 1  # never root; its own pid namespace
-    assert f["replace my own rpc link"].startswith("accepted")  # its own folder: it only cuts itself off
+    # its own socket folder: for a root runner the runner's again once the kernel's sockets are made; else
+    # the kernel's, where replacing its link cuts off only itself (the runner's socket is unchanged below)
+    assert f["replace my own rpc link"].startswith(("accepted", "refused: PermissionError"))
     assert "No such process" in f["signal the runner"]  # another pid namespace
     for write in ("victim session.yaml", "a goal", "own history"):  # an error in the kernel, never a private copy
         assert "Read-only file system" in f[write] or "Permission denied" in f[write], f[write]
@@ -212,3 +214,75 @@ def test_a_key_written_in_primefs_yaml_is_refused_and_a_key_file_must_lie_outsid
                                           f"  other:\n    model: openai/y\n    api_key_file: {tmp_path / 'key.txt'}\n")
     rows = {m["name"]: m for m in json.loads(cli(ws, "models", "--json").stdout)}
     assert rows["other"]["key"] == f"in {tmp_path / 'key.txt'}" and rows["gpt"]["key"] == "in primefs.yaml"
+
+
+def test_a_rooms_files_are_committed_read_safely(ws, scripted):
+    """What a kernel writes in its room is in the turn's commit (files, links as links, executables); its
+    folders are read through descriptors, so a folder swapped for a link is never followed by git."""
+    ws = scripted("- code: |\n    import os\n    os.makedirs('d', exist_ok=True)\n    open('d/out.txt', 'w').write('result')\n"
+                  "    os.symlink('/etc/passwd', 'pw')\n    open('run.sh', 'w').write('echo')\n    os.chmod('run.sh', 0o755)\n"
+                  "- text: done\n")
+    write_goal(ws, "Write", name="w")
+    run_once(ws)
+    s = list_sessions(ws.sessions)[0]
+    show = lambda path: subprocess.run(["git", "-C", str(ws.root), "show", f"HEAD:sessions/{s.id}/work/{path}"],
+                                       capture_output=True, text=True).stdout  # noqa: E731
+    assert show("d/out.txt") == "result" and show("pw") == "/etc/passwd"
+    tree = subprocess.run(["git", "-C", str(ws.root), "ls-tree", "-r", "HEAD", f"sessions/{s.id}/work"],
+                          capture_output=True, text=True).stdout
+    assert "120000" in tree and "100755" in tree
+    # the kernel swaps a folder for a link to one only root may read: the next commit keeps a link
+    secret = Path(f"/root/primefs-test-secret-{os.getpid()}") if os.getuid() == 0 else None
+    if secret is not None:
+        secret.mkdir(mode=0o700)
+        (secret / "out.txt").write_text("root only")
+        try:
+            shutil.rmtree(s.dir / "work" / "d")
+            os.symlink(secret, s.dir / "work" / "d")
+            from primefs.gitops import commit_paths
+
+            commit_paths(ws.root, [f"sessions/{s.id}"], "after the swap")
+            assert show("d") == str(secret) and "root only" not in show("d/out.txt")
+            log = subprocess.run(["git", "-C", str(ws.root), "log", "-p", "--all"], capture_output=True, text=True).stdout
+            assert "root only" not in log
+        finally:
+            shutil.rmtree(secret)
+
+
+def test_a_skill_a_kernel_wrote_runs_with_more_rights_only_once_trusted(ws, scripted):
+    """A sandboxed session writes a global skill through the harness API; a trusted session without a
+    sandbox does not import it until a person trusts it. A subagent spec it writes gives no extra tools."""
+    ws = scripted(textwrap.dedent("""\
+        rules:
+          - match: "^Write"
+            replies:
+              - code: |
+                  harness.put("skill", "helper", "Say hi.", description="says hi", files={"helper.py": "X = 'hi'\\n"})
+              - text: written
+          - match: "^(Use|again)"
+            replies:
+              - code: |
+                  try:
+                      from skills import helper
+                      print("imported", helper.X)
+                  except Exception as e:
+                      print("refused:", e)
+              - text: used
+              - code: "from skills import helper\\nprint('imported', helper.X)"
+              - text: used again
+        """))
+    write_goal(ws, "Write a skill", name="writer")
+    run_once(ws)
+    (ws.goals / "free.md").write_text("---\nsandbox: off\n---\nUse the skill\n")
+    trust.trust(ws, ["goals/free.md"])
+    run_once(ws)
+    free = next(s for s in list_sessions(ws.sessions) if s.name == "free")
+    out = free.events("cell")[0]["output"]
+    assert out.startswith("refused: skill 'helper' was written by a session's kernel") and \
+        "primefs trust harness/skills/helper" in out, out
+    assert {"path": "harness/skills/helper", "what": "skill a kernel wrote (for kernels without a sandbox)",
+            "trusted": False} in json.loads(cli(ws, "trust", "--json").stdout)
+    assert cli(ws, "trust", "harness/skills/helper").returncode == 0
+    mail.deliver(free.mail, sender="user", to=free.id, kind="user", text="again")
+    run_once(ws)
+    assert free.events("cell")[-1]["output"] == "imported hi\n"

@@ -189,6 +189,25 @@ rules:
     assert s.meta["tools"] == ["word_count"]
 
 
+def test_a_spec_a_kernel_wrote_gives_its_child_no_tool_its_parent_lacks(tool_ws):
+    ws = script(tool_ws, """\
+rules:
+  - match: "^Parent"
+    replies:
+      - code: |
+          harness.put("agent", "wide", "Do it.", description="wants every tool", tools="all")
+          print(rlm('Child spec', agent='wide').wait())
+      - text: parent done
+  - match: "^Child spec"
+    replies:
+      - code: "done(str(sorted(vars(tools))))"
+""")
+    (ws.goals / "p.md").write_text("---\nname: p\ntools: [word_count, calc_add]\n---\nParent task\n")
+    run_once(ws)
+    s, out = cells(ws, "p")
+    assert out[0].splitlines()[0] == "['calc_add', 'word_count']"
+
+
 def test_goal_tools_option_and_bad_selections(tool_ws):
     r = cli(tool_ws, "goal", "x", "--name", "g", "--tools", "word_count, calc_*")
     assert r.returncode == 0, r.stderr

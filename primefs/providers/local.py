@@ -74,7 +74,7 @@ def ensure_server() -> str:
         if importlib.util.find_spec("xllamacpp") is None:
             raise ModelError(f"local model: xllamacpp is not installed; install with: {INSTALL_HINT}",
                              retryable=False)
-        proc = subprocess.Popen([sys.executable, "-m", "primefs.providers.localserver", str(gguf)],
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "primefs.providers.localserver", str(gguf)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         line = _first_line(proc)
         try:
