@@ -163,7 +163,10 @@ def run_attack(folder: Path, sandbox: str) -> dict:
     try:
         write_goal(ws, "Victim waits", name="victim")
         victim = wait_for(lambda: next((s for s in list_sessions(ws.sessions) if s.name == "victim"), None))
-        wait_for(lambda: victim.events("assistant"), what="the victim's cell")
+        try:
+            wait_for(lambda: victim.events("assistant"), what="the victim's cell")
+        except AssertionError as exc:  # say what the runner and the session said
+            raise AssertionError(f"{exc}: {lines} {victim.events()}") from None
         handle = wait_for(lambda: runner.turns.agents[victim.id].kernel.handle, what="the victim's kernel")
         before = snapshot_files(ws, skip=("goals/attacker",))
         victim_history = (victim.dir / "history.jsonl").read_bytes()
