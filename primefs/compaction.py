@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 from .conversation import rebuild, to_messages
-from .providers.script import prompt_tokens
+from .gateway import cautious_tokens
 
 
 # Events where a cut may begin the kept tail: user input, or a new step (an assistant reply with
@@ -61,23 +61,25 @@ def _transcript(events: list[dict]) -> str:
 
 
 def maybe_compact(agent, system: str) -> bool:
-    """Compact if the next prompt would exceed the threshold. True if it did."""
+    """Compact if the next prompt would exceed the threshold (counted by the model's tokenizer where
+    there is one; only when a cautious estimate says it may: most steps cost no count). True if it did."""
     limit = threshold(agent)
-    if not limit or prompt_tokens([{"role": "system", "content": system}, *agent.messages]) <= limit:
+    prompt = [{"role": "system", "content": system}, *agent.messages]
+    if not limit or cautious_tokens(prompt) <= limit or agent.gateway.prompt_tokens(agent.settings, prompt) <= limit:
         return False
     events = agent.session.events()
     last = next((e for e in reversed(events) if e["type"] == "compaction"), None)
     live = [e for e in events if (last is None or e["n"] > last["upto_n"]) and e["type"] != "compaction"]
     # the kept tail: the longest suffix starting at a cut point that fits in half of what the system
     # prompt leaves, but always at least the last step
-    budget = (limit - prompt_tokens([{"role": "system", "content": system}])) // 2
+    budget = (limit - cautious_tokens([{"role": "system", "content": system}])) // 2
     cuts = [i for i, e in enumerate(live) if e["type"] in CUT_BEFORE]
     if len(cuts) < 2:
         return False  # nothing older than the current step to replace
     keep_from = cuts[-1]
     for i in reversed(cuts[1:]):
         tail = [m for e in live[i:] for m in to_messages(e, agent.tool_mode)]
-        if prompt_tokens(tail) > budget:
+        if cautious_tokens(tail) > budget:
             break
         keep_from = i
     old = live[:keep_from]
@@ -86,11 +88,12 @@ def maybe_compact(agent, system: str) -> bool:
     transcript = _transcript(([last] if last else []) + old)
     reply = agent.complete([{"role": "user", "content": SUMMARY_PROMPT.format(transcript=transcript)}],
                            purpose="compaction")
-    before = prompt_tokens([{"role": "system", "content": system}, *agent.messages])
+    before = agent.gateway.prompt_tokens(agent.settings, [{"role": "system", "content": system}, *agent.messages])
     event = agent.session.history.append(
         "compaction", upto_n=old[-1]["n"], replaced=len(old), kept_from_n=live[keep_from]["n"],
         summary=reply.text, tokens_before=before)
     agent.messages = rebuild(agent.session.events(), agent.tool_mode)
     agent.session.history.append("compaction_done", n_compaction=event["n"],
-                                 tokens_after=prompt_tokens([{"role": "system", "content": system}, *agent.messages]))
+                                 tokens_after=agent.gateway.prompt_tokens(
+                                     agent.settings, [{"role": "system", "content": system}, *agent.messages]))
     return True

@@ -44,21 +44,32 @@ def context_text(ctx) -> str:
     return ctx if isinstance(ctx, str) else json.dumps(ctx, ensure_ascii=False)
 
 
-def build_prompt(task: str, ctx: str, settings: dict) -> tuple[list[dict], dict]:
-    """The messages, and what was sent: the window, the context's size before and after the cut."""
+def build_prompt(task: str, ctx: str, settings: dict, count=None) -> tuple[list[dict], dict]:
+    """The messages, and what was sent: the window, the context's size before and after the cut. With
+    `count` (the gateway's prompt_tokens: the model's tokenizer), the cut is made to fit by its count."""
     window = context_window(settings)
     head = f"{task}\n\n<context>\n"
     tail = "\n</context>"
+
+    def prompt(text: str) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": head + text + tail}]
+
     sent, kept = ctx, len(ctx)
     if window:
-        reply = int(settings.get("max_tokens") or REPLY_TOKENS)
-        fixed = estimate_tokens(SYSTEM) + estimate_tokens(head + tail) + 16  # + chat template tokens
-        room = max(0, (window - reply - fixed) * CHARS_PER_TOKEN)
-        if len(ctx) > room:
+        room_tokens = window - int(settings.get("max_tokens") or REPLY_TOKENS)
+        tokens = count(settings, prompt(ctx)) if count else None
+        room = len(ctx) if tokens is not None and tokens <= room_tokens else \
+            max(0, (room_tokens - estimate_tokens(SYSTEM) - estimate_tokens(head + tail) - 16) * CHARS_PER_TOKEN)
+        for _ in range(4):  # shrink until the tokenizer says it fits (a few rounds at most)
+            if room >= len(ctx):
+                break
             sent, kept = (cut(ctx, room) if room else ""), room  # cut() keeps `room` characters and says so
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": head + sent + tail}]
-    return messages, {"window_tokens": window, "context_chars": len(ctx), "context_sent_chars": kept,
-                      "cut_chars": len(ctx) - kept}
+            tokens = count(settings, prompt(sent)) if count else None
+            if tokens is None or tokens <= room_tokens:
+                break
+            room = int(room * room_tokens / tokens * 0.97)
+    return prompt(sent), {"window_tokens": window, "context_chars": len(ctx), "context_sent_chars": kept,
+                          "cut_chars": len(ctx) - kept}
 
 
 def run_direct(ws, model: str, items: list[dict], cfg: dict, control: dict, progress) -> dict:
@@ -103,7 +114,7 @@ def _call(gateway, caller: DirectCaller, item: dict) -> None:
     s = caller.session
     started = time.monotonic()
     ctx = context_text(item.get("context"))
-    messages, sent = build_prompt(item["task"], ctx, caller.settings)
+    messages, sent = build_prompt(item["task"], ctx, caller.settings, gateway.prompt_tokens)
     write_atomic(s.dir / "prompt.txt", messages[1]["content"], durable=False)  # big: a file, not an event
     s.update(started_ts=time.time())
     s.set_status("running", stop_reason=None)

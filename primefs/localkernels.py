@@ -131,7 +131,7 @@ class LocalKernelHost(KernelHost):
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in self.dir.iterdir():  # left by a killed runner (one runner per workspace: ours now)
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else _unlink(stale)
-        sandbox.remove_stale_cgroups()
+        sandbox.remove_stale_cgroups(self.runtime.name)
         self.cwd = Path(cwd)
         self.handler = handler
         self.log = log
@@ -279,7 +279,7 @@ class LocalKernelHost(KernelHost):
         if uid != os.getuid():
             os.chown(base, uid, gid)
         settings = spec.sandbox
-        cgroup = sandbox.Cgroup.make(base.name, int(settings["memory_mb"]), int(settings["processes"]))
+        cgroup = sandbox.Cgroup.make(self.runtime.name, base.name, int(settings["memory_mb"]), int(settings["processes"]))
         box = sandbox.box_for(settings, spec.workspace, spec.rooms, spec.cwd, sockets=str(base),
                               hide=[self.runtime.parent], hide_files=spec.hidden, cgroup=cgroup)
         return box, cgroup

@@ -388,10 +388,11 @@ class Cgroup:
         self.folders, self.version = folders, version
 
     @classmethod
-    def make(cls, name: str, memory_mb: int, processes: int) -> "Cgroup | None":
-        """A cgroup for one kernel, or None where none is writable (then only rlimits apply)."""
+    def make(cls, group: str, name: str, memory_mb: int, processes: int) -> "Cgroup | None":
+        """A cgroup for one kernel (`group`: its runner's, one per workspace), or None where none is
+        writable (then only rlimits apply)."""
         mounts = _cgroup_mounts()
-        parent = f"primefs-{os.getuid()}"
+        parent = f"primefs-{os.getuid()}/{group}"
         if all(c in mounts for c in ("memory", "pids", "cpuacct")):  # v1 (a root runner)
             folders = [os.path.join(mounts[c], _own_cgroup(c).lstrip("/"), parent, name)
                        for c in ("memory", "pids", "cpuacct")]
@@ -410,7 +411,7 @@ class Cgroup:
             except OSError:
                 enabled = []
             if {"memory", "pids"} <= set(enabled) and os.access(base, os.W_OK):
-                folder = os.path.join(base, f"{parent}-{name}")
+                folder = os.path.join(base, f"{parent.replace('/', '-')}-{name}")
                 try:
                     os.makedirs(folder, exist_ok=True)
                     _write(os.path.join(folder, "memory.max"), str(memory_mb * 1024 * 1024))
@@ -464,10 +465,11 @@ class Cgroup:
                 pass
 
 
-def remove_stale_cgroups() -> None:
-    """Empty cgroups of kernels of an earlier runner (a killed runner leaves them)."""
+def remove_stale_cgroups(group: str) -> None:
+    """Empty cgroups of kernels of an earlier runner of this group (a killed runner leaves them). Only
+    its own group: another workspace's runner may be making a kernel's (still empty) cgroup right now."""
     mounts = _cgroup_mounts()
-    parent = f"primefs-{os.getuid()}"
+    parent = f"primefs-{os.getuid()}/{group}"
     bases = [os.path.join(mounts[c], _own_cgroup(c).lstrip("/"), parent)
              for c in ("memory", "pids", "cpuacct") if c in mounts]
     for base in bases:
@@ -581,7 +583,7 @@ def weaker_limits() -> str | None:
     """What the sandbox limits less well on this machine (once per process): without a writable cgroup,
     memory and CPU seconds count per process, not over a kernel's whole tree."""
     if "limits" not in _MACHINE:  # (a race makes two probes: both give the same answer)
-        probe = Cgroup.make(f"probe-{os.getpid()}", 64, 16)
+        probe = Cgroup.make(f"probe-{os.getpid()}", "probe", 64, 16)
         if probe is not None:
             probe.remove()
         _MACHINE["limits"] = None if probe else (

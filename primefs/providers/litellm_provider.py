@@ -30,8 +30,9 @@ def get_litellm():
 def _is_retryable(exc: Exception) -> bool:
     status = getattr(exc, "status_code", None)
     if status in (400, 401, 403, 404) or type(exc).__name__ in ("AuthenticationError", "PermissionDeniedError",
-                                                                  "NotFoundError", "BadRequestError"):
-        return False  # a wrong key, model or request: trying again cannot help
+                                                                  "NotFoundError", "BadRequestError",
+                                                                  "ContextWindowExceededError"):
+        return False  # a wrong key, model or request, a prompt over the window: trying again cannot help
     # errors raised before any request was sent (bad arguments) are not retried either
     return not isinstance(exc, (TypeError, ValueError)) or status is not None
 
@@ -76,6 +77,11 @@ class LiteLLMProvider:
             raise ModelError(f"{type(exc).__name__}: {exc}", retryable=_is_retryable(exc)) from exc
         return _to_reply(litellm, response, model)
 
+
+    def count_tokens(self, messages: list[dict], settings: dict) -> int:
+        """The prompt's tokens as litellm counts them for this model (its tokenizer where it knows the
+        model, else tiktoken's)."""
+        return int(get_litellm().token_counter(model=settings["model"], messages=messages))
 
     @staticmethod
     def _chunks(litellm, model, messages, kwargs, settings) -> list:

@@ -114,6 +114,12 @@ def _wait_healthy(base: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.load(resp)
+
+
 def first_reply_grammar(messages: list[dict], settings: dict) -> str | None:
     """The alias's ``first_reply_grammar`` (llama.cpp GBNF) when this call is a turn's model call of a
     conversation with no reply of the model yet: the session's first reply. Other calls (later
@@ -150,3 +156,11 @@ class LocalProvider:
         reply.cost_usd, reply.cost_known = 0.0, True  # runs on this machine: free, and known to be
         reply.model = settings.get("model") or "local"
         return reply
+
+    def count_tokens(self, messages: list[dict], settings: dict) -> int:
+        """The prompt's tokens exactly as the server will see them: its chat template applied
+        (/apply-template), then its tokenizer (/tokenize)."""
+        base = ensure_server().removesuffix("/v1")
+        plain = [{"role": m.get("role", "user"), "content": str(m.get("content") or "")} for m in messages]
+        prompt = _post(base + "/apply-template", {"messages": plain})["prompt"]
+        return len(_post(base + "/tokenize", {"content": prompt, "parse_special": True})["tokens"])

@@ -13,11 +13,11 @@ import signal
 import sys
 import time
 
-# One kv-cache pool of 8192 tokens (SmolLM2's training context) shared by 2 slots (kv_unified):
-# a lone request may use the whole 8192 (a few thousand tokens of prompt plus the reply), two
-# concurrent ones share it. Costs ~330 MB RSS in total. More slots would only queue on 2 CPUs.
+# One slot of 8192 tokens (SmolLM2's training context): every request may use the whole window, and
+# requests that come at once wait their turn in the server (two slots sharing one cache overflowed when
+# two long prompts came together; on 2 CPUs a second slot only queues anyway). ~330 MB RSS.
 N_CTX = 8192
-N_PARALLEL = 2
+N_PARALLEL = 1
 N_THREADS = 2
 SERVED_NAME = "smollm2"  # alias the server answers to (instead of the GGUF's full path)
 
