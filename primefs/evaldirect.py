@@ -72,6 +72,16 @@ def build_prompt(task: str, ctx: str, settings: dict, count=None) -> tuple[list[
                           "cut_chars": len(ctx) - kept}
 
 
+def slots(settings: dict, concurrency: int) -> int:
+    """Calls at once: the eval's concurrency, but never more than the embedded model's server has slots
+    (more would wait in its queue, their time counted against model_timeout_s)."""
+    if settings["model"].split("/")[0] == "local":
+        from .providers.localserver import N_PARALLEL
+
+        return min(concurrency, N_PARALLEL)
+    return concurrency
+
+
 def run_direct(ws, model: str, items: list[dict], cfg: dict, control: dict, progress) -> dict:
     """Run every item as one model call; returns item id -> its session."""
     from .gitops import Committer, Mark
@@ -100,7 +110,8 @@ def run_direct(ws, model: str, items: list[dict], cfg: dict, control: dict, prog
             if progress:
                 progress(1)
 
-        with ThreadPoolExecutor(max_workers=int(cfg["concurrency"]), thread_name_prefix="primefs-direct") as pool:
+        with ThreadPoolExecutor(max_workers=slots(settings, int(cfg["concurrency"])),
+                                thread_name_prefix="primefs-direct") as pool:
             for _ in pool.map(one, items):
                 pass
     finally:

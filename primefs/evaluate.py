@@ -9,6 +9,7 @@ package and plugin versions and the workspace's git commit, so `--rerun` can rep
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import threading
 import time
@@ -20,7 +21,7 @@ from .errors import PrimefsError
 from .frontmatter import dump_yaml, load_yaml
 from .gitops import git
 from .settings import check_budget, check_end_conditions, check_limits
-from .evaldirect import run_direct
+from .evaldirect import run_direct, slots
 from .evalitems import FileBenchmark, bench_items, context_chars, find_benchmark, item_sha, plugin_source
 from .evalrecord import differences, is_local, models_record, package_versions, read_run, scrub
 from .plugins import end_conditions, plugin_manager
@@ -61,14 +62,18 @@ def load_config(path: str | None, overrides: dict) -> dict:
     return cfg
 
 
-def prepare_workspace(out: Path, cfg: dict, given: Workspace | None) -> tuple[Workspace, str]:
-    """The workspace and the model the items use. A fresh workspace gets the eval's aliases in its
-    primefs.yaml; a given one is left as it is (its aliases must already be there)."""
+def prepare_workspace(out: Path, cfg: dict, given: Workspace | None,
+                      around: Workspace | None = None) -> tuple[Workspace, str]:
+    """The workspace and the model the items use. A fresh workspace gets the model aliases of the
+    workspace the command runs in (`around`, if any), then the eval's own, in its primefs.yaml; a given
+    one is left as it is (its aliases must already be there)."""
     if given is None:
         ws = init_workspace(out / "workspace")
-        if cfg.get("models"):
+        aliases = _aliases_of(around) if around is not None else {}
+        aliases.update(cfg.get("models") or {})
+        if aliases:
             conf = load_yaml(ws.root / "primefs.yaml")
-            conf.setdefault("models", {}).update(cfg["models"])
+            conf.setdefault("models", {}).update(aliases)
             (ws.root / "primefs.yaml").write_text(dump_yaml(conf))
             ws = Workspace(ws.root)
     else:
@@ -80,6 +85,20 @@ def prepare_workspace(out: Path, cfg: dict, given: Workspace | None) -> tuple[Wo
         model = copy_scripts_in(ws, model)
     ws.resolve_model(model)  # a bad model fails here, before any item runs
     return ws, model
+
+
+def _aliases_of(ws: Workspace) -> dict:
+    """A workspace's model aliases, their script paths made absolute (copy_scripts_in copies them)."""
+    aliases = json.loads(json.dumps(ws.config.get("models") or {}))
+    for alias in aliases.values():
+        if not isinstance(alias, dict):
+            continue
+        for key, prefix in (("script", ""), ("model", "scripted/")):
+            value = alias.get(key)
+            if isinstance(value, str) and value.startswith(prefix) and (key == "script" or prefix):
+                path = Path(value[len(prefix):]).expanduser()
+                alias[key] = prefix + str(path if path.is_absolute() else ws.root / path)
+    return aliases
 
 
 def copy_scripts_in(ws: Workspace, model: str) -> str:
@@ -114,12 +133,8 @@ def copy_scripts_in(ws: Workspace, model: str) -> str:
     return "scripted/" + inside(model[len("scripted/"):]) if model.startswith("scripted/") else model
 
 
-def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, workspace: Workspace | None = None,
-             plugins_from: tuple = (None, "none found"), progress=None, extra_record: dict | None = None) -> dict:
-    """Run the items (per mode) and write config.yaml, results.jsonl and summary.json to `out`.
-    `plugins_from`: (workspace, how it was found) whose plugins/*.py are loaded when no `workspace`
-    is given (items then run in a fresh one); `progress(k)` is told of items done."""
-    out.mkdir(parents=True, exist_ok=True)
+def _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress):
+    """The benchmark, its items and the workspace and model they run on; PrimefsError for a mistake."""
     plugin_ws, how = (workspace, "given with -w") if workspace is not None else plugins_from
     pm = plugin_manager(plugin_ws.root if plugin_ws else None)
     bench = find_benchmark(bench_name, pm, plugin_ws, how, scorer=cfg.get("scorer"))
@@ -131,7 +146,23 @@ def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, wor
     modes = ("oracle",) if oracle else MODES[cfg["mode"]]
     if progress:
         progress(0, total=len(items) * len(modes))
-    ws, model = (None, None) if oracle else prepare_workspace(out, cfg, workspace)
+    ws, model = (None, None) if oracle else prepare_workspace(out, cfg, workspace, around=plugin_ws)
+    return ws, model, bench, pm, items, modes
+
+
+def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, workspace: Workspace | None = None,
+             plugins_from: tuple = (None, "none found"), progress=None, extra_record: dict | None = None) -> dict:
+    """Run the items (per mode) and write config.yaml, results.jsonl and summary.json to `out`.
+    `plugins_from`: (workspace, how it was found) whose plugins/*.py are loaded when no `workspace`
+    is given (items then run in a fresh one); `progress(k)` is told of items done."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        ws, model, bench, pm, items, modes = _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress)
+    except PrimefsError:
+        if made:  # nothing ran: no half-made run folder is left behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     if ws is not None:
         check_limits(cfg.get("limits") or {}, "eval config")
     commit = git(ws.root, "rev-parse", "HEAD", check=False).stdout.strip() if ws else None
@@ -256,7 +287,7 @@ def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> lis
                            extra={**_control(cfg), "eval": True, "eval_mode": "rlm"}, files=files)
         sessions[item["id"]] = s
     runner = Runner(ws, log=lambda m: None)
-    runner.limits["max_concurrent_sessions"] = cfg["concurrency"]
+    runner.limits["max_concurrent_sessions"] = slots(ws.resolve_model(model), cfg["concurrency"])
     failure: list[BaseException] = []
 
     def run():

@@ -116,10 +116,14 @@ def revoke(ws, paths: list[str]) -> list[str]:
 
 
 def relative(ws, p: str) -> str:
+    """A path given on a command line: absolute, or relative to the current folder, else to the
+    workspace (`primefs trust plugins/x.py` from anywhere in it)."""
     path = Path(p)
-    path = (path if path.is_absolute() else Path.cwd() / path).resolve()
-    if not path.exists() and (ws.root / p).exists():
-        path = (ws.root / p).resolve()
+    if path.is_absolute():
+        path = path.resolve()
+    else:
+        here = (Path.cwd() / path).resolve()
+        path = here if here.exists() and here.is_relative_to(ws.root) else (ws.root / p).resolve()
     if not path.is_relative_to(ws.root):
         raise PrimefsError(f"{p} is not in the workspace {ws.root}")
     return path.relative_to(ws.root).as_posix()

@@ -217,3 +217,17 @@ def test_needle_at_ten_million_characters_through_the_cli(tmp_path):
 ])
 def test_scorers(fn, answer, expected, score):
     assert fn(answer, expected) == pytest.approx(score)
+
+
+def test_eval_inside_a_workspace_sees_its_aliases_and_a_mistake_leaves_no_run_folder(tmp_path):
+    assert cli("init", "ws", cwd=tmp_path).returncode == 0
+    (tmp_path / "ws" / "script.yaml").write_text(SCRIPT)
+    conf = (tmp_path / "ws" / "primefs.yaml").read_text().replace("models:\n", "models:\n  stub:\n"
+                                                                     "    model: scripted/script.yaml\n", 1)
+    (tmp_path / "ws" / "primefs.yaml").write_text(conf)
+    r = cli("eval", "needle", "-m", "stub", "-n", "1", "--out", str(tmp_path / "run"), cwd=tmp_path / "ws")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["mean_score"] == 1.0
+    bad = cli("eval", "needle", "-m", "nosuch", "-n", "1", "--out", str(tmp_path / "bad"), cwd=tmp_path / "ws")
+    assert bad.returncode == 1 and "unknown model 'nosuch'" in bad.stderr and "stub" in bad.stderr
+    assert not (tmp_path / "bad").exists()
