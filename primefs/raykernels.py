@@ -28,6 +28,12 @@ from .rpc import error_reply
 
 POLL_S = 1.0  # a node's long poll returns at least this often, empty
 REFRESH_S = 2.0  # how often the list of the cluster's nodes is read again
+# A node that is hung, not gone (SIGSTOP, a stuck machine), is dead to Ray only after its health checks give
+# up (~62 s with Ray's defaults); its cells would sit stuck that long. primefs asks each node's actor every
+# HEARTBEAT_S and loses the node after MISSES rounds without an answer: ~10-15 s.
+HEARTBEAT_S = 2.0
+HEARTBEAT_TIMEOUT_S = 3.0
+MISSES = 3
 START_TIMEOUT_S = 60.0  # a node actor's start, a kernel's start, waiting for room on a node
 CALL_TIMEOUT_S = 30.0  # a control call to a node actor (alive, shutdown)
 RETRY_LOST_S = 10.0  # a node whose actor was lost while the node lives: a new actor after this
@@ -58,6 +64,28 @@ class RayNode:
     @property
     def name(self) -> str:
         return self.slot.name
+
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def reachable(address: str) -> None:
+    """A HOST:PORT address answers (resolves, and takes a TCP connection) within seconds, or a clear
+    error. `auto` and `local` are Ray's own: not checked here."""
+    import socket
+
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise PrimefsError(f"the Ray address {address!r} is not HOST:PORT (or auto, local)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        why = "it does not resolve" if isinstance(exc, socket.gaierror) else (exc.strerror or str(exc))
+        raise PrimefsError(f"cannot reach the Ray cluster at {address}: {why} (is `ray start --head` running "
+                           "there, and the address the one it printed?)") from None
 
 
 class RayKernel(KernelHandle):
@@ -166,6 +194,7 @@ class RayKernelHost(KernelHost):
         self.owns = not ray.is_initialized()  # a test or a script may have connected already
         if self.owns:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            reachable(address)  # ray.init would retry an unreachable address for minutes
             kwargs = {"include_dashboard": False} if address == "local" else {"address": address}
             try:
                 ray.init(namespace="primefs", log_to_driver=False, logging_level=logging.WARNING, **kwargs)
@@ -179,6 +208,7 @@ class RayKernelHost(KernelHost):
         self.closed = False
         self.refresh()
         threading.Thread(target=self._watch, name="primefs-ray-nodes", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="primefs-ray-heartbeat", daemon=True).start()
 
     # -- nodes ------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -211,6 +241,27 @@ class RayKernelHost(KernelHost):
             except Exception as exc:  # noqa: BLE001 - the cluster's head may be busy; try again later
                 if not self.closed:
                     self.log(f"warning: reading the Ray cluster's nodes: {type(exc).__name__}: {exc}")
+
+    def _heartbeat(self) -> None:
+        """Each ready node's actor is asked `info` every HEARTBEAT_S; MISSES rounds without an answer in
+        HEARTBEAT_TIMEOUT_S and the node is lost (its sessions go on elsewhere)."""
+        missed: dict[str, int] = {}
+        while not self.closed:
+            time.sleep(HEARTBEAT_S)
+            with self.cond:
+                nodes = [rn for rn in self.nodes.values() if rn.ready and not rn.lost]
+            try:
+                refs = {rn.actor.info.remote(): rn for rn in nodes}
+                done, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=HEARTBEAT_TIMEOUT_S) if refs \
+                    else ([], [])
+            except Exception:  # noqa: BLE001 - the driver's connection: the node list decides
+                continue
+            answered = {refs[r].slot.id for r in done}
+            for rn in nodes:
+                missed[rn.slot.id] = 0 if rn.slot.id in answered else missed.get(rn.slot.id, 0) + 1
+                if missed[rn.slot.id] >= MISSES and not self.closed:
+                    missed[rn.slot.id] = 0
+                    self.lose(rn, f"it did not answer for {MISSES * (HEARTBEAT_S + HEARTBEAT_TIMEOUT_S):g} s (hung?)")
 
     def lose(self, rn: RayNode, detail: str) -> None:
         """A node (or its actor) is gone: its kernels are dead, its room is no longer offered."""

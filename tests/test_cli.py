@@ -232,3 +232,13 @@ def test_log_follow_streams_appended_events(home):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
         assert f"late news {len(args)}" in out and "Three files" in out and "Traceback" not in err
+
+
+def test_an_unreachable_ray_cluster_is_a_clear_error_at_once(tmp_path):
+    pytest.importorskip("ray")
+    assert subprocess.run([*PRIMEFS, "init", str(tmp_path / "ws")], capture_output=True).returncode == 0
+    for address, why in (("nosuchhost.invalid:6379", "it does not resolve"), ("127.0.0.1:1", "Connection refused"),
+                         ("no-port", "is not HOST:PORT")):
+        r = subprocess.run([*PRIMEFS, "-w", str(tmp_path / "ws"), "run", "--once", "--ray", address],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
