@@ -20,6 +20,10 @@ from .intake import REJECTED
 from .session import Session, find_session
 
 ENDED = ("idle", "done", "failed", "stopped")
+
+
+class TimedOut(PrimefsError):
+    """--timeout passed before there was anything to wait for."""
 FAILED_EXIT, TIMEOUT_EXIT = 3, 124
 err = Console(stderr=True, highlight=False)
 
@@ -84,10 +88,20 @@ def wait(ctx, session, timeout, as_json):
     from .daemon import lock_held
 
     ws = workspace(ctx)
-    s = find_session(ws.sessions, session)
+    started = time.monotonic()
+    try:
+        s = find_session(ws.sessions, session)
+    except PrimefsError:  # `primefs goal --name X && primefs wait X`: its goal may not be taken yet
+        goal = _waiting_goal(ws, session)
+        if goal is None:
+            raise
+        if not lock_held(ws):
+            err.print(f"note: no runner is running: {goal} waits for one (primefs up)", markup=False)
+        s = _or_timed_out(ctx, lambda: _session_of(ws, goal, "", timeout))
     if not ended(s) and not lock_held(ws):
         err.print("note: no runner is running: waiting for one to start (primefs up)", markup=False)
-    if not wait_until_ended(s, timeout):
+    left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+    if not wait_until_ended(s, left):
         err.print(f"error: {s.name} is still {s.status} after {timeout:g} s", markup=False)
         ctx.exit(TIMEOUT_EXIT)
     finish(ctx, s, as_json)
@@ -136,7 +150,7 @@ def ask(ctx, text, model, context, verbose, timeout, as_json):
                       context=list(context))
     rel = path.relative_to(ws.root).as_posix()
     if lock_held(ws):
-        s = _session_of(ws, rel, f"{started:%y%m%d-%H%M%S}", timeout)
+        s = _or_timed_out(ctx, lambda: _session_of(ws, rel, f"{started:%y%m%d-%H%M%S}", timeout))
         stop = threading.Event()
         if verbose:
             from .live import follow
@@ -145,12 +159,39 @@ def ask(ctx, text, model, context, verbose, timeout, as_json):
                              kwargs={"header": False}, daemon=True).start()
         done = wait_until_ended(s, timeout)
         stop.set()
+        if not done:
+            err.print(f"error: no answer within {timeout:g} s ({s.name} goes on under the runner: primefs wait "
+                      f"{s.id})", markup=False)
+            ctx.exit(TIMEOUT_EXIT)
     else:
         s, done = _ask_here(ws, rel, f"{started:%y%m%d-%H%M%S}", timeout, verbose)
-    if not done:
-        err.print(f"error: no answer within {timeout:g} s ({s.name} goes on: primefs wait {s.id})", markup=False)
-        ctx.exit(TIMEOUT_EXIT)
+        if not done:  # the runner of this process stopped with it: the turn is cut off, not going on
+            err.print(f"error: no answer within {timeout:g} s: {s.name}'s turn was cut off; it goes on when a runner "
+                      f"starts (primefs up), and primefs wait {s.id} then waits for it", markup=False)
+            ctx.exit(TIMEOUT_EXIT)
     finish(ctx, s, as_json)
+
+
+def _or_timed_out(ctx, find) -> Session:
+    try:
+        return find()
+    except TimedOut as exc:
+        err.print(f"error: {exc}", markup=False)
+        ctx.exit(TIMEOUT_EXIT)
+
+
+def _waiting_goal(ws, name: str) -> str | None:
+    """The goal file a session named `name` will come from (its file name or `name:`), if one waits."""
+    from .goals import goal_listing, parse_goal
+
+    files, _ = goal_listing(ws)
+    for path in files:
+        try:
+            if path.stem == name or parse_goal(ws, path).name == name:
+                return path.relative_to(ws.root).as_posix()
+        except PrimefsError:
+            continue
+    return None
 
 
 def _session_of(ws, goal: str, since: str, timeout: float | None, alive=lambda: True) -> Session:
@@ -173,8 +214,10 @@ def _session_of(ws, goal: str, since: str, timeout: float | None, alive=lambda: 
         refused = read_json_dict(ws.state / REJECTED).get(goal)
         if isinstance(refused, dict):
             raise PrimefsError(f"the runner rejected the goal: {refused.get('error')}")
-        if not alive() or (deadline is not None and time.monotonic() > deadline):
+        if not alive():
             raise PrimefsError(f"no runner took {goal} (see primefs status)")
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimedOut(f"no runner took {goal} within {timeout:g} s (see primefs status)")
         time.sleep(0.1)
 
 

@@ -305,3 +305,15 @@ def model_servers(parent: int) -> list[str]:
     out = subprocess.run(["pgrep", "-P", str(parent), "-f", "primefs.providers.localserver"], capture_output=True,
                          text=True).stdout
     return out.split()
+
+
+def test_wait_for_a_goal_not_taken_yet_and_ask_says_what_a_timeout_leaves(ws, scripted, daemon_cleanup):
+    ws = scripted('- code: "import time\\ntime.sleep(30)"\n- text: "slept"\n')
+    # `primefs goal --name X && primefs wait X`: the goal is not taken yet when wait starts
+    assert cli(ws, "goal", "Wait for me", "--name", "later").returncode == 0
+    early = cli(ws, "wait", "later", "--timeout", "1")
+    assert early.returncode == 124 and "no runner is running: goals/later.md waits for one" in early.stderr
+    assert "no runner took goals/later.md within 1 s" in early.stderr
+    # ask without a runner: its own runner stops with it, so the turn is cut off, not going on
+    r = cli(ws, "ask", "Sleep a while", "--timeout", "3")
+    assert r.returncode == 124 and "turn was cut off; it goes on when a runner starts" in r.stderr, r.stderr
