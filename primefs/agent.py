@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
-from . import sandbox, tracing, trust
+from . import livefeed, sandbox, tracing, trust
 from .bell import Bell
 from .compaction import maybe_compact
 from .conversation import code_of_call, fenced_code, rebuild, to_messages
@@ -218,12 +219,14 @@ class Agent:
         system = self.system_prompt()
         tools = [PYTHON_TOOL] if self.tool_mode == "native" else None
         max_steps = int(self.limits["max_steps_per_turn"])
-        for _ in range(max_steps):
+        for step in range(1, max_steps + 1):
             if self.stop_requested:
                 return self.stopped()
             if self.bell.stopping:  # Ctrl-C / primefs down: resumed (with a notice) by the next runner
                 return "interrupted"
             self.post.take_mail(self)  # mail that arrived meanwhile is shown before the next call
+            livefeed.publish(self.session.id, {"type": "step", "ts": time.time(), "step": step, "of": max_steps,
+                                               "model": self.settings["model"]})  # `run -v`; not history
             try:
                 maybe_compact(self, system)
                 reply = self.complete([{"role": "system", "content": system}, *self.messages], tools, purpose="turn")

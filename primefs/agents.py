@@ -39,6 +39,7 @@ class AgentsView:
         self.sessions: dict[str, Entry] = {}
         self.tracks: dict[str, _Track] = {}
         self.readable: set[str] = set()  # sessions whose session.yaml was read at least once
+        self.widths: dict = {}  # the number columns' widths so far (they grow, never jump)
         self.index = Index(ws.root)
 
     def refresh(self) -> None:
@@ -103,15 +104,18 @@ class AgentsView:
         head += f" | {len(rows)} sessions, {tokens:,} tokens, ${cost:.4f}"
         if len(head) + 11 <= width:
             head += f" | {time.strftime('%H:%M:%S')}"
+        head = Text(head, style="bold", no_wrap=True, overflow="ellipsis")  # one line, whatever the width
         if not rows:
-            return Group(Text(head, style="bold"), Text("no sessions yet"))
+            return Group(head, Text("no sessions yet"))
         items = arrange(rows, fold=True)
         self.total = len(items)
+        # header, the table's own header and the scroll line: what is left of the screen is rows
         shown, self.offset, below = window(items, (height - 3) if height else len(items), offset)
-        parts = [Text(head, style="bold"), table(shown, width, last="last event", with_age=True)]
+        parts = [head, table(shown, width, last="last event", with_age=True, widths=self.widths)]
         if self.offset or below:
-            parts.append(Text(f"{self.offset} above, {below} below: j/k or arrows to scroll, g/G top/bottom, "
-                              "q quits", style="dim"))
+            hint = "j/k, arrows: scroll; g/G: top/bottom; q quits" if width >= 70 else "j/k scroll, q quits"
+            parts.append(Text(f"{self.offset} above, {below} below: {hint}", style="dim", no_wrap=True,
+                              overflow="ellipsis"))
         return Group(*parts)
 
 

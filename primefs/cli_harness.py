@@ -123,12 +123,16 @@ def log(ctx, as_json, limit):
         click.echo(json.dumps(shown, indent=2))
         return
     by_sha = {r["sha"]: r for r in rows}  # all of them: what a shown revert reverts may be older than -n
-    table = Table(box=None, header_style="bold")
-    for col in ("commit", "date", "entry", "source", "session", "intent / outcome"):
-        table.add_column(col, overflow="fold")
+    table = Table(box=None, header_style="bold", collapse_padding=True, pad_edge=False)
+    for col in ("commit", "date", "source"):  # never split: a date or a sha in two lines reads as two
+        table.add_column(col, no_wrap=True)
+    table.add_column("entry", no_wrap=True, overflow="ellipsis", max_width=20)
+    table.add_column("session", no_wrap=True, overflow="ellipsis", max_width=12)
+    table.add_column("intent / outcome", ratio=1, min_width=16)  # wraps at words
     for r in shown:
-        table.add_row(r["sha"][:10], r["date"][:19], escape(f"{r['kind']}/{r['name']}"),
-                      escape(r["source"] or ("git" if r["reverts"] else "")), r["session"] or "", _change(r, by_sha))
+        table.add_row(r["sha"][:10], r["date"][:16].replace("T", " "), escape(r["source"] or ("git" if r["reverts"]
+                                                                                             else "")),
+                      escape(f"{r['kind']}/{r['name']}"), r["session"] or "", _change(r, by_sha))
     print_table(table if shown else "no harness commits yet")
 
 

@@ -249,7 +249,6 @@ def usage(ctx, session, as_json, as_tree):
 
 
 def _usage_tree(index: UsageIndex, root: str) -> None:
-    from rich.console import Console
     from rich.tree import Tree
 
     def label(sid: str) -> str:
@@ -265,4 +264,4 @@ def _usage_tree(index: UsageIndex, root: str) -> None:
         sid, node = stack.pop()
         for child in sorted(index.children.get(sid, [])):
             stack.append((child, node.add(label(child))))
-    Console(highlight=False).print(top)
+    print_table(top, 100_000)  # piped: one line per session, never wrapped

@@ -44,6 +44,7 @@ class EventPrinter:
         self.streamed = ""  # text of the reply shown as it streamed (its `assistant` event shows the rest)
         self.mid_line = False  # streamed text ended without a newline
         self.tag = ""  # printed before each label: the session, when several are shown together
+        self.said_error: str | None = None  # the last error text shown (a failed call carries it thrice)
 
     def who(self, sid: str) -> str:
         return f"{sid} ({self.names[sid]})" if sid in self.names else str(sid)
@@ -114,10 +115,16 @@ class EventPrinter:
         self.head(e, f"model {e['model']} ({e['purpose']})", "dim",
                   f"{e['input_tokens']:,} in, {e['output_tokens']:,} out, {e['latency_s']:.2f} s{cost}")
 
+    def _step(self, e):
+        """The model is asked for the next step (`run -v` only: never in history)."""
+        self._end_stream()
+        self.head(e, f"step {e['step']} of {e['of']}", "dim", f"asking {e['model']} ...")
+
     def _model_error(self, e):
         self._end_stream()
         retry = f", retry in {e['retry_in_s']:g} s" if e.get("retry_in_s") else ""
         self.head(e, f"model error (attempt {e['attempt']}{retry})", "red", e["error"])
+        self.said_error = e["error"]
 
     def _delta(self, e):
         """A piece of a reply as it streams (`attach`, `log -f`, `run -v`; never in history.jsonl)."""
@@ -173,14 +180,21 @@ class EventPrinter:
     def _status(self, e):
         why = f" ({e['stop_reason']})" if e.get("stop_reason") else ""
         self.head(e, "status", "blue", f"{e.get('previous')} -> {e['status']}{why}")
-        if e.get("error"):
+        if e.get("error") and not self._said(e["error"]):
             self.prose(str(e["error"]))
 
     def _warning(self, e):
         self.head(e, "warning", "yellow", e["text"])
 
     def _error(self, e):
-        self.head(e, "error", "red", e["error"])
+        self.head(e, "error", "red", "(the model error above)" if self._said(e["error"]) else e["error"])
+
+    def _said(self, text) -> bool:
+        """The same error text was just shown (a failed model call: its last attempt, the turn's error,
+        the failed status all carry it): once is enough."""
+        said = self.said_error == text
+        self.said_error = text
+        return said
 
     def _spawn(self, e):
         agent = f" as {e['agent']}" if e.get("agent") else ""

@@ -204,6 +204,8 @@ class Runner:
             self.guarded("scan", self.scan)
             if not once:
                 observer = watch(self.ws, self.alive, lambda path: self.guarded("a file event", self.hint, path))
+                self.log(f"runner {os.getpid()} in {self.ws.root}: {len(self.scheduler.queued | self.scheduler.active)} session(s) with work; "
+                         "watching goals/ and mailboxes (Ctrl-C stops)")
             self._loop(once)
         except KeyboardInterrupt:
             self.log("stopping: sessions that were running resume when a runner starts again")

@@ -102,27 +102,32 @@ def _statuses(r: Row) -> Counter:
     return c
 
 
-def table(items: list, width: int, last: str = "result", with_age: bool = False, tree_totals: bool = True):
-    """The rows as a rich Table fitted to `width` columns."""
+def table(items: list, width: int, last: str = "result", with_age: bool = False, tree_totals: bool = True,
+          widths: dict | None = None):
+    """The rows as a rich Table fitted to `width` columns. `widths`: the number columns' widths so far
+    (a live view passes the same dict each frame: columns grow, never jump back and forth)."""
     from rich.table import Table
     from rich.text import Text
 
     rows = [r for r in items if isinstance(r, Row)]
     show_node = any(r.node for r in rows)
     show_id = width >= 110
-    t = Table(box=None, header_style="bold", pad_edge=False, expand=False, width=width)
+    narrow = width < 100  # 80 columns: names and statuses give way to the last column
+    t = Table(box=None, header_style="bold", pad_edge=False, expand=False, width=width,
+              collapse_padding=True)  # one space between columns, not two
     if show_id:
         t.add_column("session", no_wrap=True, min_width=ID_WIDTH)
-    t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=28, min_width=6)
-    t.add_column("status", no_wrap=True, overflow="ellipsis", max_width=24)
+    t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=16 if narrow else 28, min_width=6)
+    t.add_column("status", no_wrap=True, overflow="ellipsis", max_width=15 if narrow else 24)
     if show_node:
-        t.add_column("node", no_wrap=True, overflow="ellipsis", max_width=16)
+        t.add_column("node", no_wrap=True, overflow="ellipsis", max_width=12 if narrow else 16)
     numbers = [("turns", lambda r: "?" if r.turns is None else str(r.turns)),
                ("tokens", lambda r: f"{r.tokens:,}"), ("cost $", lambda r: f"{r.cost:.4f}")]
+    widths = {} if widths is None else widths
     for title, fmt in numbers:  # never cut: as wide as their widest value
-        widest = max([len(title)] + [len(fmt(r)) for r in rows])
-        t.add_column(title, justify="right", no_wrap=True, min_width=widest)
-    t.add_column(last, no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
+        widths[title] = max([widths.get(title, 0), len(title)] + [len(fmt(r)) for r in rows])
+        t.add_column(title, justify="right", no_wrap=True, min_width=widths[title])
+    t.add_column(last, no_wrap=True, overflow="ellipsis", ratio=1, min_width=14 if with_age else 8)
     if with_age:
         t.add_column("age", justify="right", no_wrap=True, min_width=5)
     for item in items:

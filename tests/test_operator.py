@@ -4,6 +4,7 @@ that do not count as turns. Real processes, real files, a real scripted HTTP mod
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -11,10 +12,11 @@ import threading
 import time
 
 import pytest
-from conftest import PRIMEFS, answered_under_a_runner, cli, configure, session_named, use_server, wait_for
+from conftest import PRIMEFS, answered_under_a_runner, cli, configure, run_once, session_named, use_server, wait_for
 from openai_server import ScriptServer
 
 from primefs.daemon import lock_held
+from primefs.goals import write_goal
 
 
 def start_runner(ws, *args):
@@ -317,3 +319,70 @@ def test_wait_for_a_goal_not_taken_yet_and_ask_says_what_a_timeout_leaves(ws, sc
     # ask without a runner: its own runner stops with it, so the turn is cut off, not going on
     r = cli(ws, "ask", "Sleep a while", "--timeout", "3")
     assert r.returncode == 124 and "turn was cut off; it goes on when a runner starts" in r.stderr, r.stderr
+
+
+def test_agents_fits_80_by_24(ws):
+    """At 80x24 the header stays one line, the scroll line stays on screen, the last event is whole and
+    the number columns keep their width from frame to frame."""
+    from rich.console import Console
+
+    from primefs.agents import AgentsView
+    from primefs.session import create_session
+
+    for i in range(40):
+        s = create_session(ws.sessions, task="t", name=f"a-rather-long-session-name-{i}", model="local")
+        s.set_status("idle", stop_reason="answered")
+        s.history.append("turn_end", turn=1, outcome="idle")
+    view = AgentsView(ws)
+    view.refresh()
+    console = Console(width=80, height=24, record=True, force_terminal=False)
+    frames = []
+    for _ in range(2):
+        with console.capture() as cap:
+            console.print(view.render(80, 24))
+        frames.append(cap.get().splitlines())
+    lines = frames[0]
+    assert len(lines) <= 24 and all(len(line) <= 80 for line in lines), lines
+    assert lines[-1].startswith("0 above, 19 below")  # 24 lines: header, columns, 21 rows, this one
+    assert sum("turn_end: idle" in line for line in lines) == 21
+    assert frames[0][1] == frames[1][1]  # the table's header: the same columns, the same widths
+
+
+def test_run_v_says_each_step_and_a_failed_call_once(ws, scripted):
+    """`run -v` says which step of how many asks the model (before its first token: the long silence of a
+    slow model is explained), and a model error is shown once, not by every event that carries it."""
+    ws = configure(scripted('- code: "print(6 * 7)"\n- text: "42"\n'),
+                   models={"dead": {"model": "openai/x", "api_base": "http://127.0.0.1:9/v1", "api_key": "k"}},
+                   limits={"model_retries": 0, "max_steps_per_turn": 5})
+    write_goal(ws, "Multiply", name="m")
+    (ws.goals / "broken.md").write_text("---\nmodel: dead\n---\nFail\n")
+    r = cli(ws, "run", "--once", "-v", timeout=120)
+    lines = r.stdout.splitlines()
+    assert any(re.search(r"\bm step 1 of 5 asking scripted/script.yaml \.\.\.", ln) for ln in lines), r.stdout
+    assert any(re.search(r"\bbroken step 1 of 5 asking openai/x", ln) for ln in lines)
+    errors = [ln for ln in lines if "Connection error" in ln]
+    assert len(errors) == 1, r.stdout  # the call's error; the turn's error and the failed status refer to it
+    assert any("broken error (the model error above)" in ln for ln in lines)
+
+
+def test_a_runner_says_it_started_and_tables_read_at_80_columns(ws, scripted, daemon_cleanup):
+    ws = scripted('- text: "ok"\n')
+    proc = subprocess.Popen([*PRIMEFS, "-w", str(ws.root), "run"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "watching goals/ and mailboxes (Ctrl-C stops)" in line, line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    from primefs.harness import Harness
+
+    Harness(ws).put("note", "a-note-with-a-rather-long-name-indeed", "Use code. " * 20, source="user")
+    env = {**os.environ, "COLUMNS": "80"}
+    out = subprocess.run([*PRIMEFS, "-w", str(ws.root), "harness", "log"], capture_output=True, text=True, env=env).stdout
+    first = out.splitlines()[1]
+    assert re.search(r"^\w{10} \d{4}-\d\d-\d\d \d\d:\d\d ", first), out  # the date whole, on the commit's line
+    write_goal(ws, "x", name="x")
+    run_once(ws)
+    tree = subprocess.run([*PRIMEFS, "-w", str(ws.root), "usage", "x", "--tree"], capture_output=True, text=True,
+                          env=env).stdout
+    assert len(tree.strip().splitlines()) == 1 and "own:" in tree and "total:" in tree  # piped: never wrapped

@@ -62,6 +62,7 @@ def _stop() -> None:
             proc.wait(5)
         except subprocess.TimeoutExpired:
             proc.kill()
+        server_log(create=False).unlink(missing_ok=True)
 
 
 def ensure_server() -> str:
@@ -74,20 +75,36 @@ def ensure_server() -> str:
         if importlib.util.find_spec("xllamacpp") is None:
             raise ModelError(f"local model: xllamacpp is not installed; install with: {INSTALL_HINT}",
                              retryable=False)
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "primefs.providers.localserver", str(gguf)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        log = server_log()
+        with open(log, "ab") as errors:  # llama.cpp's own lines go there, not to the terminal
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "primefs.providers.localserver", str(gguf)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, text=True)
         line = _first_line(proc)
         try:
             base = json.loads(line)["address"]
         except (ValueError, KeyError, TypeError):
             proc.kill()
-            raise ModelError(f"local model: llama.cpp server failed to start with {gguf} "
-                             f"(exit code {proc.wait()}; its errors are above)", retryable=False) from None
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            raise ModelError(f"local model: llama.cpp server failed to start with {gguf} (exit code {proc.wait()}): "
+                             + " / ".join(tail) + f" (all of it in {log})", retryable=False) from None
         _wait_healthy(base)
         if _server_pid == 0:
             atexit.register(_stop)
         _proc, _server_pid, _api_base = proc, os.getpid(), base + "/v1"
         return _api_base
+
+
+def server_log(create: bool = True) -> Path:
+    """The embedded model's server log: the user's private temp folder, one per process, emptied at each
+    start and removed when the server stops."""
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / f"primefs-{os.getuid()}"
+    path = folder / f"local-model-{os.getpid()}.log"
+    if create:
+        folder.mkdir(exist_ok=True, mode=0o700)
+        path.write_bytes(b"")
+    return path
 
 
 def _first_line(proc: subprocess.Popen) -> str:
