@@ -39,13 +39,18 @@ default:
 """
 
 
-@pytest.fixture
-def tree_ws(ws):
+def fan_out(ws):
+    """The goal `root` (SCRIPT), model alias `fast`, not run yet: 3 turns, 8 model calls, 3 cells."""
     (ws.root / "script.yaml").write_text(SCRIPT)
     ws = configure(ws, model="fast", models={"fast": {"model": "scripted/script.yaml"}},
                    limits={"max_concurrent_sessions": 4})
     write_goal(ws, "fan out to two children", name="root")
     return ws
+
+
+@pytest.fixture
+def tree_ws(ws):
+    return fan_out(ws)
 
 
 @pytest.fixture
