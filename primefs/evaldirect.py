@@ -130,7 +130,7 @@ def _call(gateway, caller: DirectCaller, item: dict) -> None:
     s.update(started_ts=time.time())
     s.set_status("running", stop_reason=None)
     s.history.append("task", text=s.task)
-    s.history.append("turn_start", turn=1)
+    s.history.append("turn_start", turn=1, model=caller.settings["model"])
     if sent["cut_chars"]:
         note = (f"direct mode: {sent['context_sent_chars']:,} of {sent['context_chars']:,} context characters "
                 f"sent in one prompt (prompt.txt); {sent['cut_chars']:,} cut (head and tail kept) to fit the "

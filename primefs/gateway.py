@@ -35,34 +35,34 @@ class ModelGateway:
         settings["workspace"] = str(self.ws.root)
         settings["_purpose"] = purpose
         provider = provider_for(self.providers, settings["model"], settings.get("provider"))
-        history = agent.session.history
         if provider.name == "litellm":  # a missing key is said plainly, once, not retried
             problem = key_status(settings)[1]
             if problem:
-                history.append("model_error", model=settings["model"], purpose=purpose, attempt=1, error=problem,
-                               retry_in_s=0)
+                _record(agent, tracing.where(agent.session.id), "model_error", model=settings["model"], purpose=purpose,
+                        attempt=1, error=problem, retry_in_s=0, latency_s=0.0)
                 raise ModelError(problem, retryable=False)
         retries = int(agent.limits["model_retries"])
         backoff = float(agent.limits["model_retry_backoff_s"])
         for attempt in range(retries + 1):
             started = time.monotonic()
+            parent = tracing.where(agent.session.id)  # its span goes where the session is when it starts
             try:
-                with tracing.model_call(agent.session, settings["model"], purpose, attempt + 1) as span:
-                    reply = self._call(agent, provider, messages, tools, settings)
-                    span.usage(reply)
+                reply = self._call(agent, provider, messages, tools, settings)
             except ModelError as exc:
                 last = attempt == retries or not exc.retryable
                 wait = 0 if last else backoff * (2 ** attempt)
-                history.append("model_error", model=settings["model"], purpose=purpose, attempt=attempt + 1,
-                               error=str(exc), retry_in_s=wait)
+                _record(agent, parent, "model_error", model=settings["model"], purpose=purpose, attempt=attempt + 1,
+                        error=str(exc), retry_in_s=wait, latency_s=round(time.monotonic() - started, 4))
                 if last:
                     raise
                 self.log(f"{agent.session.id}: model error (attempt {attempt + 1}), retrying in {wait:g} s: {exc}")
                 self._pause(agent, wait)
                 continue
-            history.append("model_call", model=settings["model"], purpose=purpose, input_tokens=reply.input_tokens,
-                           output_tokens=reply.output_tokens, cost_usd=reply.cost_usd, cost_known=reply.cost_known,
-                           latency_s=round(time.monotonic() - started, 4))
+            _record(agent, parent, "model_call", model=settings["model"], purpose=purpose,
+                    **({"response_model": reply.model} if reply.model else {}),
+                    **({"attempt": attempt + 1} if attempt else {}), input_tokens=reply.input_tokens,
+                    output_tokens=reply.output_tokens, cost_usd=reply.cost_usd, cost_known=reply.cost_known,
+                    latency_s=round(time.monotonic() - started, 4))
             self.goals.record_call(agent.session.id, reply.input_tokens + reply.output_tokens, reply.cost_usd)
             return redacted(reply)
         raise AssertionError("unreachable")
@@ -172,3 +172,8 @@ def redacted(reply: ModelReply) -> ModelReply:
     for call in reply.tool_calls:
         call.arguments = redact.text(call.arguments or "")
     return reply
+
+
+def _record(agent, parent, type: str, **fields) -> None:
+    """A model call attempt's event, and its span made from it (as `primefs trace` makes it)."""
+    tracing.model_call(agent.session, agent.session.history.append(type, **fields), parent)

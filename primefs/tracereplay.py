@@ -1,36 +1,35 @@
 """`primefs trace`: a session's history (and its descendants') replayed as OpenTelemetry spans.
 
-The spans, their names, attributes and parents are those the runner makes live (tracing.py), with the
-times the history recorded: a turn from `turn_start` to `turn_end`; a cell from its end (`ts`) back by
-`elapsed_s`; a model call from its end back by `latency_s`. Parents follow tracing.py's rules, decided
-from the times: a child's turn goes under the parent's cell (else turn) running when the child's turn
-started, else under the cell that spawned it. A turn never closed (the session runs, or a runner died)
-ends at its last event and says so (`primefs.turn.unfinished`). Model calls made outside any turn
-(`primefs refine` from the command line) are spans of their own.
+The spans are the ones the runner makes live, made by the same functions from the same events, ids
+included (tracing.py): a turn from `turn_start` to `turn_end`; a cell from its end (`ts`) back by
+`elapsed_s`; a model call from its end back by `latency_s`. Parents follow tracing.py's rules: a model
+call (or a spawn) goes under the cell whose events enclose it, else its turn; a child's turn under the
+parent's cell (else turn) running when the child's turn started, else under the cell that spawned it.
+A turn never closed (the session runs, or its runner died) ends at the last event its runner recorded and
+says so (`primefs.turn.unfinished`), and so does the cell it was in (`primefs.cell.unfinished`): what a new
+runner records when it resumes the turn (the cell said interrupted, the restart notice) is not part of it.
+Model calls made outside any turn (`primefs refine` from the command line) are spans of their own.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from . import tracing
+from .conversation import fenced_code
 from .history import iter_events
 from .index import Index
 from .session import Session
-
-NS = 1_000_000_000
-LLM_PURPOSES = ("llm", "llm_batch")  # calls made by code in a cell: under that cell
-
-
-def _ns(ts: float) -> int:
-    return int(round(float(ts) * NS))
+from .turns import INTERRUPTED, RESUMED
 
 
 @dataclass
 class _Interval:
     start: float
     end: float
-    span: object
-    children: list = field(default_factory=list)  # cells inside a turn
+    ctx: object  # the span's SpanContext
+    first: int  # the events it encloses (indexes)
+    last: int
+    cells: list = field(default_factory=list)  # a turn's
 
     def holds(self, ts: float) -> bool:
         return self.start <= ts <= self.end
@@ -40,13 +39,13 @@ class _Interval:
 class _Replayed:
     """One session's spans, for its children to find their parents in."""
     turns: list[_Interval] = field(default_factory=list)
-    spawn_cells: dict[str, object] = field(default_factory=dict)  # child id -> span of the cell that spawned it
+    spawn_cells: dict[str, object] = field(default_factory=dict)  # child id -> SpanContext where it was spawned
 
     def innermost(self, ts: float):
         for t in self.turns:
             if t.holds(ts):
-                cell = next((c for c in reversed(t.children) if c.holds(ts)), None)
-                return (cell or t).span
+                cell = next((c for c in reversed(t.cells) if c.holds(ts)), None)
+                return (cell or t).ctx
         return None
 
 
@@ -74,17 +73,13 @@ def session_tree(ws, root: str) -> list[Session]:
 
 def replay(ws, root: str, tracer) -> dict:
     """Make the spans of `root`'s tree with `tracer`. Returns counts (sessions, spans, traces, tokens)."""
-    from opentelemetry import trace
-
     done: dict[str, _Replayed] = {}
     counts = {"sessions": 0, "spans": 0, "traces": set(), "input_tokens": 0, "output_tokens": 0, "unfinished": 0}
 
-    def start(name, attrs, ts, parent, kind=trace.SpanKind.INTERNAL):
-        ctx = trace.set_span_in_context(parent) if parent is not None else None
-        span = tracer.start_span(name, context=ctx, attributes=attrs, start_time=_ns(ts), kind=kind)
+    def emit(spec, ctx, parent):
+        tracing.emit(tracer, spec, ctx, parent)
         counts["spans"] += 1
-        counts["traces"].add(span.get_span_context().trace_id)
-        return span
+        counts["traces"].add(ctx.trace_id)
 
     for s in session_tree(ws, root):
         try:
@@ -93,9 +88,40 @@ def replay(ws, root: str, tracer) -> dict:
             continue
         counts["sessions"] += 1
         events = [e for e in iter_events(s.dir / "history.jsonl") if isinstance(e, dict)]
-        done[s.id] = _replay_session(s.id, meta, events, done.get(meta.get("parent")), start, counts)
+        for i, e in enumerate(events):
+            e.setdefault("n", i)  # histories older than the sequence number
+        done[s.id] = _replay_session(s.id, meta, events, done.get(meta.get("parent")), emit, counts)
     counts["traces"] = len(counts["traces"])
     return counts
+
+
+def _replay_session(sid: str, meta: dict, events: list[dict], parent: _Replayed | None, emit, counts) -> _Replayed:
+    out = _Replayed()
+    at: list[_Interval | None] = [None] * len(events)  # event index -> the innermost span it happened in
+    for first, last, closed in _segments(events):
+        start = events[first]
+        stop = last if closed else _own_last(events, first, last)
+        spec = tracing.turn_span(sid, meta, start, events[last] if closed else None, tracing.ts(events[stop]))
+        above = (parent.innermost(spec.start) or parent.spawn_cells.get(sid)) if parent else None  # tracing.py's rule
+        turn = _Interval(spec.start, spec.end, tracing.span_context(sid, tracing.turn_key(start), above), first, stop)
+        emit(spec, turn.ctx, above)
+        counts["unfinished"] += not closed
+        at[first:stop + 1] = [turn] * (stop + 1 - first)
+        for cell, cell_spec in _cells(sid, events, turn, closed):
+            emit(cell_spec, cell.ctx, turn.ctx)
+            turn.cells.append(cell)
+            at[cell.first:cell.last + 1] = [cell] * (cell.last + 1 - cell.first)
+        out.turns.append(turn)
+    for i, e in enumerate(events):
+        holder = at[i].ctx if at[i] is not None else None
+        if e.get("type") == "spawn" and holder is not None:
+            out.spawn_cells[e.get("child")] = holder
+        elif e.get("type") in ("model_call", "model_error"):
+            emit(tracing.chat_span(sid, e), tracing.span_context(sid, tracing.chat_key(e), holder), holder)
+            if e["type"] == "model_call":
+                counts["input_tokens"] += int(e.get("input_tokens") or 0)
+                counts["output_tokens"] += int(e.get("output_tokens") or 0)
+    return out
 
 
 def _segments(events: list[dict]) -> list[tuple[int, int, bool]]:
@@ -114,88 +140,35 @@ def _segments(events: list[dict]) -> list[tuple[int, int, bool]]:
     return out
 
 
-def _ran(e: dict) -> bool:
-    return e.get("type") == "cell" and "elapsed_s" in e  # a cell that never ran has no span (as live)
+def _own_last(events: list[dict], first: int, last: int) -> int:
+    """The last event of an unclosed turn that its own runner recorded: a runner that resumes the turn
+    first answers the cells left without an end (INTERRUPTED), then says it restarted (RESUMED)."""
+    for i in range(first + 1, last + 1):
+        e = events[i]
+        if (e.get("type"), e.get("error") if e.get("type") == "cell" else e.get("text")) in (
+                ("cell", INTERRUPTED), ("notice", RESUMED)):
+            return i - 1
+    return last
 
 
-def _replay_session(sid: str, meta: dict, events: list[dict], parent: _Replayed | None, start, counts) -> _Replayed:
-    from opentelemetry import trace
-
-    out = _Replayed()
-    turn_of: dict[int, _Interval] = {}  # event index -> the turn it happened in
-    for first, last, closed in _segments(events):
-        e, end = events[first], events[last]
-        name, attrs = tracing.turn_attrs(sid, meta, e.get("turn") or 0, bool(e.get("resumed")))
-        ts = float(e.get("ts") or 0.0)
-        turn = _Interval(ts, float(end.get("ts") or ts), start(name, attrs, ts, _turn_parent(sid, parent, ts)))
-        if closed:
-            turn.span.set_attributes(tracing.turn_end_attrs(end.get("outcome"), end.get("status"), end.get("stop_reason")))
-            if end.get("outcome") == "failed":
-                tracing.mark_error(turn.span, "turn_failed", meta.get("error"))
-        else:
-            turn.span.set_attribute("primefs.turn.unfinished", True)
-            counts["unfinished"] += 1
-        out.turns.append(turn)
-        for i in range(first, last + 1):
-            turn_of[i] = turn
-    cells: dict[int, object] = {}  # event index of a cell -> its span
-    for i, e in enumerate(events):
-        if _ran(e):
-            ts = float(e.get("ts") or 0.0)
-            begin = ts - float(e.get("elapsed_s") or 0.0)
-            name, attrs = tracing.cell_attrs(sid, e.get("call_id"))
-            attrs.update({"primefs.cell.elapsed_s": float(e.get("elapsed_s") or 0.0),
-                          "primefs.cell.timed_out": bool(e.get("timed_out")),
-                          "primefs.cell.restarted": bool(e.get("restarted"))})
-            turn = turn_of.get(i)
-            span = cells[i] = start(name, attrs, begin, turn.span if turn else None)
-            kind = tracing.cell_error_type(e.get("error"))
-            if kind:
-                tracing.mark_error(span, kind, str(e["error"]).strip().splitlines()[-1])
-            if turn is not None:
-                turn.children.append(_Interval(begin, ts, span))
-    for i, e in enumerate(events):
-        t = e.get("type")
-        if t == "spawn":  # made by the cell running then: the next cell event, recorded when it ended
-            j = _next_cell(events, i)
-            if j is not None:
-                out.spawn_cells[e.get("child")] = cells[j]
-        elif t in ("model_call", "model_error"):
-            ts = float(e.get("ts") or 0.0)
-            purpose = e.get("purpose") or "turn"
-            turn = turn_of.get(i)
-            holder = turn.span if turn else None
-            if turn is not None and purpose in LLM_PURPOSES:  # from code: under the cell running then
-                j = _next_cell(events, i, within=turn)
-                holder = cells[j] if j is not None and turn_of.get(j) is turn else holder
-            name, attrs = tracing.model_attrs(sid, e.get("model") or "", purpose, e.get("attempt") or 1)
-            span = start(name, attrs, ts - float(e.get("latency_s") or 0.0), holder, trace.SpanKind.CLIENT)
-            if t == "model_call":
-                span.set_attributes(tracing.usage_attrs(e.get("input_tokens"), e.get("output_tokens"),
-                                                        e.get("cost_usd"), e.get("cost_known")))
-                counts["input_tokens"] += int(e.get("input_tokens") or 0)
-                counts["output_tokens"] += int(e.get("output_tokens") or 0)
-            else:
-                tracing.mark_error(span, "model_error", e.get("error"))
-            span.end(end_time=_ns(ts))
-    for i, span in cells.items():
-        span.end(end_time=_ns(float(events[i].get("ts") or 0.0)))
-    for turn in out.turns:
-        turn.span.end(end_time=_ns(turn.end))
+def _cells(sid: str, events: list[dict], turn: _Interval, closed: bool) -> list[tuple[_Interval, object]]:
+    """A turn's cells, each the k-th of the reply (assistant event) that asked for it, as agent.py counts
+    them; and, in a turn not closed, the cell its runner started and never saw end."""
+    out, asked, k, since = [], None, 0, turn.first
+    for i in range(turn.first, turn.last + 1):
+        e = events[i]
+        if e.get("type") == "assistant":
+            asked, k, since = e, 0, i
+        elif e.get("type") == "cell" and asked is not None:
+            if "elapsed_s" in e:  # it ran (a tool call that was no cell did not: no span, as live)
+                spec = tracing.cell_span(sid, e)
+                ctx = tracing.span_context(sid, tracing.cell_key(asked, k), turn.ctx)
+                out.append((_Interval(spec.start, spec.end, ctx, since + 1, i), spec))
+            k, since = k + 1, i
+    calls = (asked or {}).get("calls") or []
+    if not closed and asked is not None and k < (len(calls) or len(fenced_code(asked.get("text") or ""))):
+        spec = tracing.cell_span(sid, None, call_id=calls[k]["id"] if calls else None,
+                                 begin=tracing.ts(events[since]), end=turn.end)
+        ctx = tracing.span_context(sid, tracing.cell_key(asked, k), turn.ctx)
+        out.append((_Interval(spec.start, spec.end, ctx, since + 1, turn.last), spec))
     return out
-
-
-def _next_cell(events: list[dict], i: int, within=None) -> int | None:
-    for j in range(i + 1, len(events)):
-        if _ran(events[j]):
-            return j
-        if within is not None and events[j].get("type") in ("turn_start", "turn_end"):
-            return None
-    return None
-
-
-def _turn_parent(sid: str, parent: _Replayed | None, ts: float):
-    """tracing.py's rule: the parent's innermost span running at `ts`, else the cell that spawned `sid`."""
-    if parent is None:
-        return None
-    return parent.innermost(ts) or parent.spawn_cells.get(sid)

@@ -7,8 +7,8 @@ no-op object after a single check. On: `OTEL_TRACES_EXPORTER` (`otlp`, `console`
 
 Parenting. A session's spans cannot follow it through contextvars: its model calls come from its agent
 thread and from kernel-request threads (`llm()` in a cell), and a child's turn runs in another worker
-thread. The runner process holds every session, so a registry maps each session id to its open spans
-(its turn, then the cell running in it) and these rules give every span its parent:
+thread. The runner process holds every session, so a registry maps each session id to the ids of its
+open spans (its turn, then the cell running in it) and these rules give every span its parent:
 - a model call: the innermost open span of its session (the cell, for `llm()` from code; else the turn);
 - a cell: its session's turn;
 - a turn of a root session: none (each turn is a trace; `gen_ai.conversation.id` ties a session's turns);
@@ -16,12 +16,20 @@ thread. The runner process holds every session, so a registry maps each session 
   it, or the one that mailed it), else the parent's span that was innermost when the child was spawned
   (the cell that called `rlm()`), else none (the parent ran under an earlier runner).
 `primefs trace` applies the same rules to finished histories (tracereplay.py).
+
+One function per kind of span makes it from its events (`turn_span`, `cell_span`, `chat_span`), live and
+in a replay alike, and ids are derived from the session and the event: a live span is made when its last
+event is recorded (nothing is exported before a span ends anyway), so it is the span a replay makes, ids
+included, and replaying a history twice gives the same spans (a backend keeps one of each).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import threading
+import time
+from dataclasses import dataclass
 
 ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 EXPORTERS = ("otlp", "console")
@@ -55,7 +63,7 @@ def make_provider(exporters: list[str] | None = None, *, span_exporter=None, bat
     attrs = {"service.version": __version__}
     if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
         attrs["service.name"] = "primefs"  # the environment's choice wins
-    provider = TracerProvider(resource=Resource.create(attrs))
+    provider = TracerProvider(resource=Resource.create(attrs), id_generator=_given_ids())
     if span_exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     for name in exporters or ():
@@ -88,51 +96,127 @@ def exporter(name: str):
     return OTLPSpanExporter()
 
 
-# -- attributes (GenAI semantic conventions), shared with the replay -------------------------------------
+# -- ids: from the session and the event, so the same history gives the same ids ------------------------
+_given = threading.local()  # the ids emit() is giving the span it starts on this thread
+
+
+def _given_ids():
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class GivenIds(RandomIdGenerator):
+        """The SDK takes no span id from its caller: it asks this, which answers with emit()'s."""
+
+        def generate_span_id(self) -> int:
+            ctx = getattr(_given, "ctx", None)
+            return ctx.span_id if ctx is not None else super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            ctx = getattr(_given, "ctx", None)
+            return ctx.trace_id if ctx is not None else super().generate_trace_id()
+
+    return GivenIds()
+
+
+def span_context(sid: str, key: tuple, parent=None):
+    """The ids of the span `key` names in session `sid`: a hash of both; the trace is its parent's, else its own."""
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    digest = hashlib.sha256("/".join(map(str, (sid, *key))).encode()).digest()
+    trace_id = parent.trace_id if parent is not None else int.from_bytes(digest[8:24], "big") or 1
+    return SpanContext(trace_id, int.from_bytes(digest[:8], "big") or 1, is_remote=False,
+                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+def turn_key(turn_start: dict) -> tuple:
+    return ("turn", turn_start["n"])
+
+
+def cell_key(assistant: dict, k: int) -> tuple:
+    """The k-th cell of a reply: known when it starts (what runs in it needs its id), unlike its own event."""
+    return ("cell", assistant["n"], k)
+
+
+def chat_key(event: dict) -> tuple:
+    return ("chat", event["n"])
+
+
+# -- spans from events (GenAI semantic conventions): the one place, live and replayed ------------------
+@dataclass
+class Spec:
+    name: str
+    attrs: dict
+    start: float  # Unix seconds
+    end: float
+    kind: str = "INTERNAL"
+    error: tuple | None = None  # (error.type, description)
+
+
+def ts(event: dict) -> float:
+    return float(event.get("ts") or 0.0)
+
+
 def provider_name(model: str) -> str:
     return str(model).split("/", 1)[0] if "/" in str(model) else str(model)
 
 
-def turn_attrs(sid: str, meta: dict, turn: int, resumed: bool) -> tuple[str, dict]:
+def turn_span(sid: str, meta: dict, start: dict, end: dict | None, last_ts: float) -> Spec:
+    """A turn from its `turn_start` to its `turn_end`; without one (it runs, or its runner died) to `last_ts`."""
     name = str(meta.get("name") or sid)
     attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": sid, "gen_ai.agent.name": name,
-             "gen_ai.conversation.id": sid, "gen_ai.request.model": str(meta.get("model") or ""),
-             "primefs.session.id": sid, "primefs.session.name": name,
-             "primefs.session.depth": int(meta.get("depth") or 0), "primefs.turn": int(turn)}
+             "gen_ai.conversation.id": sid, "primefs.session.id": sid, "primefs.session.name": name,
+             "primefs.session.model": str(meta.get("model") or ""),
+             "primefs.session.depth": int(meta.get("depth") or 0), "primefs.turn": int(start.get("turn") or 0)}
+    if start.get("model"):  # the model id the session's model (an alias, often) resolved to; older histories lack it
+        attrs["gen_ai.request.model"] = str(start["model"])
     if meta.get("parent"):
         attrs["primefs.session.parent"] = str(meta["parent"])
-    if resumed:
+    if start.get("resumed"):
         attrs["primefs.turn.resumed"] = True
-    return f"invoke_agent {name}", attrs
+    if end is None:
+        attrs["primefs.turn.unfinished"] = True
+        return Spec(f"invoke_agent {name}", attrs, ts(start), last_ts)
+    attrs.update({"primefs.turn.outcome": str(end.get("outcome")), "primefs.session.status": str(end.get("status"))})
+    if end.get("stop_reason"):
+        attrs["primefs.stop_reason"] = str(end["stop_reason"])
+    error = ("turn_failed", meta.get("error")) if end.get("outcome") == "failed" else None
+    return Spec(f"invoke_agent {name}", attrs, ts(start), ts(end), error=error)
 
 
-def turn_end_attrs(outcome, status, stop_reason) -> dict:
-    out = {"primefs.turn.outcome": str(outcome), "primefs.session.status": str(status)}
-    if stop_reason:
-        out["primefs.stop_reason"] = str(stop_reason)
-    return out
-
-
-def model_attrs(sid: str, model: str, purpose: str, attempt: int) -> tuple[str, dict]:
-    return f"chat {model}", {"gen_ai.operation.name": "chat", "gen_ai.request.model": str(model),
-                             "gen_ai.provider.name": provider_name(model), "primefs.session.id": sid,
-                             "primefs.purpose": purpose, "primefs.attempt": int(attempt)}
-
-
-def usage_attrs(input_tokens, output_tokens, cost_usd, cost_known, response_model=None) -> dict:
-    out = {"gen_ai.usage.input_tokens": int(input_tokens or 0), "gen_ai.usage.output_tokens": int(output_tokens or 0),
-           "primefs.cost_usd": float(cost_usd or 0.0), "primefs.cost_known": bool(cost_known)}
-    if response_model:
-        out["gen_ai.response.model"] = str(response_model)
-    return out
-
-
-def cell_attrs(sid: str, call_id) -> tuple[str, dict]:
+def cell_span(sid: str, event: dict | None, *, call_id=None, begin: float = 0.0, end: float = 0.0) -> Spec:
+    """A cell from its `cell` event; without one (its runner died in it, or it runs) from `begin` to `end`."""
+    call_id = event.get("call_id") if event is not None else call_id
     attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "python", "gen_ai.tool.type": "function",
              "primefs.session.id": sid}
     if call_id:
         attrs["gen_ai.tool.call.id"] = str(call_id)
-    return "execute_tool python", attrs
+    if event is None:
+        attrs["primefs.cell.unfinished"] = True
+        return Spec("execute_tool python", attrs, begin, end)
+    elapsed = float(event.get("elapsed_s") or 0.0)
+    attrs.update({"primefs.cell.elapsed_s": elapsed, "primefs.cell.timed_out": bool(event.get("timed_out")),
+                  "primefs.cell.restarted": bool(event.get("restarted"))})
+    kind = cell_error_type(event.get("error"))
+    error = (kind, str(event["error"]).strip().splitlines()[-1]) if kind else None
+    return Spec("execute_tool python", attrs, ts(event) - elapsed, ts(event), error=error)
+
+
+def chat_span(sid: str, event: dict) -> Spec:
+    """A model call attempt from its `model_call` (or `model_error`) event."""
+    model = str(event.get("model") or "")
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+             "gen_ai.provider.name": provider_name(model), "primefs.session.id": sid,
+             "primefs.purpose": event.get("purpose") or "turn", "primefs.attempt": int(event.get("attempt") or 1)}
+    error = None
+    if event.get("type") == "model_call":
+        attrs.update({"gen_ai.usage.input_tokens": int(event.get("input_tokens") or 0),
+                      "gen_ai.usage.output_tokens": int(event.get("output_tokens") or 0),
+                      "primefs.cost_usd": float(event.get("cost_usd") or 0.0),
+                      "primefs.cost_known": bool(event.get("cost_known"))})
+        if event.get("response_model"):
+            attrs["gen_ai.response.model"] = str(event["response_model"])
+    else:
+        error = ("model_error", event.get("error"))
+    return Spec(f"chat {model}", attrs, ts(event) - float(event.get("latency_s") or 0.0), ts(event), "CLIENT", error)
 
 
 def cell_error_type(error: str | None) -> str | None:
@@ -144,11 +228,22 @@ def cell_error_type(error: str | None) -> str | None:
     return head if head.replace(".", "").replace("_", "").isalnum() and " " not in head else "cell_error"
 
 
-def mark_error(span, error_type: str, description: str | None = None) -> None:
+def emit(tracer, spec: Spec, ctx, parent) -> None:
+    """Make and end the span `spec` says, with the ids `ctx` holds, under `parent` (a SpanContext, or None)."""
+    from opentelemetry import trace
     from opentelemetry.trace import Status, StatusCode
 
-    span.set_attribute("error.type", error_type)
-    span.set_status(Status(StatusCode.ERROR, (description or error_type)[:300]))
+    context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent is not None else None
+    _given.ctx = ctx
+    try:
+        span = tracer.start_span(spec.name, context=context, kind=trace.SpanKind[spec.kind], attributes=spec.attrs,
+                                 start_time=int(round(spec.start * 1e9)))
+    finally:
+        _given.ctx = None
+    if spec.error:
+        span.set_attribute("error.type", spec.error[0])
+        span.set_status(Status(StatusCode.ERROR, str(spec.error[1] or spec.error[0])[:300]))
+    span.end(end_time=int(round(spec.end * 1e9)))
 
 
 # -- live spans ---------------------------------------------------------------------------------------
@@ -163,65 +258,46 @@ class _Noop:
     def __exit__(self, *exc):
         return False
 
-    def usage(self, reply) -> None:
-        pass
-
-    def turn_ended(self, outcome, session) -> None:
-        pass
-
-    def cell_ran(self, res) -> None:
+    def done(self, event) -> None:
         pass
 
 
 NOOP = _Noop()
 _lock = threading.Lock()
 _state: dict = {"checked": False, "tracer": None, "provider": None}
-_open: dict[str, list] = {}  # session id -> its open turn / cell spans, innermost last
+_open: dict[str, list] = {}  # session id -> SpanContexts of its open turn / cell, innermost last
 _spawned: dict[str, object] = {}  # child id -> SpanContext innermost in the parent when it was spawned
 
 
-class _Live(_Noop):
-    __slots__ = ("span", "sid")
+class _Open(_Noop):
+    """A turn or a cell running now: what runs inside it finds its ids here; its span is made when it ends,
+    from the event that ends it (`done`), by the function that makes it from a history."""
 
-    def __init__(self, span, sid: str | None):
-        self.span, self.sid = span, sid  # sid: registered as an open span of that session
+    __slots__ = ("tracer", "sid", "ctx", "parent", "make", "event")
+
+    def __init__(self, tracer, sid: str, ctx, parent, make):
+        self.tracer, self.sid, self.ctx, self.parent, self.make, self.event = tracer, sid, ctx, parent, make, None
 
     def __enter__(self):
-        if self.sid is not None:
-            with _lock:
-                _open.setdefault(self.sid, []).append(self.span)
+        with _lock:
+            _open.setdefault(self.sid, []).append(self.ctx)
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        with _lock:
+            stack = _open.get(self.sid) or []
+            if self.ctx in stack:
+                stack.remove(self.ctx)
+            if not stack:
+                _open.pop(self.sid, None)
+        spec = self.make(self.event)
         if exc is not None:
-            mark_error(self.span, exc_type.__name__, str(exc))
-        if self.sid is not None:
-            with _lock:
-                stack = _open.get(self.sid) or []
-                if self.span in stack:
-                    stack.remove(self.span)
-                if not stack:
-                    _open.pop(self.sid, None)
-        self.span.end()
+            spec.error = (exc_type.__name__, str(exc))
+        emit(self.tracer, spec, self.ctx, self.parent)
         return False
 
-    def usage(self, reply) -> None:
-        self.span.set_attributes(usage_attrs(reply.input_tokens, reply.output_tokens, reply.cost_usd,
-                                             reply.cost_known, getattr(reply, "model", None)))
-
-    def turn_ended(self, outcome, session) -> None:
-        meta = session.meta
-        self.span.set_attributes(turn_end_attrs(outcome, meta.get("status"), meta.get("stop_reason")))
-        if outcome == "failed":
-            mark_error(self.span, "turn_failed", meta.get("error"))
-
-    def cell_ran(self, res) -> None:
-        self.span.set_attributes({"primefs.cell.elapsed_s": float(res.elapsed_s or 0.0),
-                                  "primefs.cell.timed_out": bool(res.timed_out),
-                                  "primefs.cell.restarted": bool(res.restarted)})
-        kind = cell_error_type(res.error)
-        if kind:
-            mark_error(self.span, kind, str(res.error).strip().splitlines()[-1])
+    def done(self, event) -> None:
+        self.event = event
 
 
 def _tracer():
@@ -262,16 +338,6 @@ def reset() -> None:
         _spawned.clear()
 
 
-def _context_of(span_or_ctx):
-    from opentelemetry import trace
-
-    if span_or_ctx is None:
-        return None
-    if isinstance(span_or_ctx, trace.SpanContext):
-        span_or_ctx = trace.NonRecordingSpan(span_or_ctx)
-    return trace.set_span_in_context(span_or_ctx)
-
-
 def _innermost(sid: str | None):
     if not sid:
         return None
@@ -280,50 +346,49 @@ def _innermost(sid: str | None):
         return stack[-1] if stack else None
 
 
-def turn(session, turn_no: int, resumed: bool):
-    """Around one turn (turns.py), from `turn_start` to `turn_end`."""
+def turn(session, start: dict):
+    """Around one turn (turns.py), from its `turn_start`; `.done(turn_end)` when it is recorded."""
     tracer = _tracer()
     if tracer is None:
         return NOOP
-    meta = session.meta
-    parent = meta.get("parent")
+    sid, parent = session.id, session.meta.get("parent")
     ctx = _innermost(parent)
     if ctx is None and parent:
         with _lock:
-            ctx = _spawned.get(session.id)
-    name, attrs = turn_attrs(session.id, meta, turn_no, resumed)
-    from opentelemetry.trace import SpanKind
-
-    return _Live(tracer.start_span(name, context=_context_of(ctx), kind=SpanKind.INTERNAL, attributes=attrs),
-                 session.id)
+            ctx = _spawned.get(sid)
+    return _Open(tracer, sid, span_context(sid, turn_key(start), ctx), ctx,
+                 lambda end: turn_span(sid, session.meta, start, end, time.time()))
 
 
-def model_call(session, model: str, purpose: str, attempt: int):
-    """Around one model call attempt (gateway.py); `.usage(reply)` adds its tokens."""
+def cell(session, assistant: dict, k: int, call_id):
+    """Around the k-th cell of the reply `assistant` (agent.py); `.done(cell_event)` when it is recorded."""
     tracer = _tracer()
     if tracer is None:
         return NOOP
-    from opentelemetry.trace import SpanKind
+    sid, parent, begin = session.id, _innermost(session.id), time.time()
 
-    name, attrs = model_attrs(session.id, model, purpose, attempt)
-    return _Live(tracer.start_span(name, context=_context_of(_innermost(session.id)), kind=SpanKind.CLIENT,
-                                   attributes=attrs), None)
+    def make(event):
+        return cell_span(sid, event) if event else cell_span(sid, None, call_id=call_id, begin=begin, end=time.time())
+    return _Open(tracer, sid, span_context(sid, cell_key(assistant, k), parent), parent, make)
 
 
-def cell(session, call_id):
-    """Around one cell (agent.py); `.cell_ran(res)` adds its outcome."""
+def where(sid: str):
+    """What a model call of `sid` starting now goes under: its innermost open span (None: off, or none)."""
+    return _innermost(sid) if _tracer() is not None else None
+
+
+def model_call(session, event: dict, parent) -> None:
+    """A model call attempt was recorded (gateway.py): its span, under `where()` as it was when it started."""
     tracer = _tracer()
-    if tracer is None:
-        return NOOP
-    name, attrs = cell_attrs(session.id, call_id)
-    return _Live(tracer.start_span(name, context=_context_of(_innermost(session.id)), attributes=attrs), session.id)
+    if tracer is not None:
+        emit(tracer, chat_span(session.id, event), span_context(session.id, chat_key(event), parent), parent)
 
 
 def spawned(parent: str, child: str) -> None:
     """`rlm()` made `child`: remember where in the parent it came from (services.py)."""
     if _tracer() is None:
         return
-    span = _innermost(parent)
-    if span is not None:
+    ctx = _innermost(parent)
+    if ctx is not None:
         with _lock:
-            _spawned[child] = span.get_span_context()
+            _spawned[child] = ctx

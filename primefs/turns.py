@@ -22,6 +22,7 @@ from .session import Session
 from .tree import SessionTree
 
 RESUMED = "The runner restarted while you were working; the last cell was interrupted. Continue."
+INTERRUPTED = "interrupted by a runner restart"  # a cell the dead runner never saw end (tracereplay finds it)
 
 
 class Turns:
@@ -121,42 +122,45 @@ class Turns:
         if calls:
             for c in calls:
                 if c["id"] not in done_ids:
-                    agent.record("cell", call_id=c["id"], code=None, error="interrupted by a runner restart",
-                                 shown=text)
+                    agent.record("cell", call_id=c["id"], code=None, error=INTERRUPTED, shown=text)
         elif not any(e["type"] == "cell" for e in events[last + 1:]) and fenced_code(events[last].get("text") or ""):
-            agent.record("cell", call_id=None, code=None, error="interrupted by a runner restart", shown=text)
+            agent.record("cell", call_id=None, code=None, error=INTERRUPTED, shown=text)
 
     def _turn(self, agent: Agent) -> None:
+        """One turn, from `turn_start` to `turn_end`."""
         resumed = agent.resuming
         if not resumed:
             agent.turns += 1
-        with tracing.turn(agent.session, agent.turns, resumed) as span:
-            span.turn_ended(self._run_turn(agent, agent.turns, resumed), agent.session)
-
-    def _run_turn(self, agent: Agent, turn: int, resumed: bool) -> str:
-        """One turn, from `turn_start` to `turn_end`; returns its outcome."""
         s = agent.session
         if not s.meta.get("started_ts"):
             s.update(started_ts=time.time())  # the seconds budget counts from here
         s.set_status("running", stop_reason=None)
-        agent.record("turn_start", turn=turn, **({"resumed": True} if resumed else {}))
+        start = agent.record("turn_start", turn=agent.turns, model=agent.settings["model"],
+                             **({"resumed": True} if resumed else {}))
+        with tracing.turn(s, start) as span:
+            span.done(self._run_turn(agent, agent.turns, resumed))
+
+    def _run_turn(self, agent: Agent, turn: int, resumed: bool) -> dict:
+        """The turn `_turn` started; returns its `turn_end` event."""
+        s = agent.session
         self.log(f"{s.id} ({s.name}): turn {turn} " + ("resumed" if resumed else "started"))
         started = time.monotonic()
         outcome = agent.run_turn()
         elapsed = round(time.monotonic() - started, 4)
         if outcome == "interrupted":
-            agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status="running", stop_reason=None)
+            end = agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status="running",
+                               stop_reason=None)
             s.summary()
             self._commit(s, f"turn {turn} interrupted")
-            return outcome
+            return end
         if agent.pending_refine:
             request, agent.pending_refine = agent.pending_refine, None
             self.refine(agent, **request)
         agent.pending_notice = self.goals.after_turn(agent, outcome)
         if agent.kernel.mode == "turn":
             agent.kernel.snapshot("turn")
-        agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status=s.status,
-                     stop_reason=s.meta.get("stop_reason"))
+        end = agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status=s.status,
+                           stop_reason=s.meta.get("stop_reason"))
         s.summary()  # summaries are written at turn ends and status changes, not at every event
         self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
         if s.status == "failed":
@@ -164,7 +168,7 @@ class Turns:
         self.report_to_parent(s, turn)
         self.commit_hand_edits()
         self._commit(s, f"turn {turn} {outcome}")
-        return outcome
+        return end
 
     def _commit(self, s: Session, what: str) -> None:
         if self.committer is None:

@@ -161,7 +161,7 @@ def wait_for(pred, timeout: float = 60.0, what: str = "condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-# -- tests marked `netns` (browser and Ray tests) ---------------------------------------------------------
+# -- tests marked `netns` (browser, Ray and Phoenix tests) ------------------------------------------------
 # They run only where `make test` runs them: inside a network namespace with nothing but loopback
 # (`unshare -n` / `unshare -rn`, then `ip link set lo up`), with PRIMEFS_NETNS_TESTS=1. Elsewhere they
 # are skipped, so a plain `pytest` never starts a browser with a way out to the network.
@@ -183,7 +183,7 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{NETNS_ENV}=1 but this network namespace has more than loopback; "
                                     "run these tests through `make test` (or `make test-browser`)")
         return
-    skip = pytest.mark.skip(reason=f"browser or Ray test: `make test` runs it in a loopback-only network namespace "
-                                   f"({NETNS_ENV}=1)")
+    skip = pytest.mark.skip(reason="browser, Ray or Phoenix test: `make test` runs it in a loopback-only network "
+                                   f"namespace ({NETNS_ENV}=1)")
     for item in marked:
         item.add_marker(skip)

@@ -11,11 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from click.testing import CliRunner
-from conftest import configure, run_once
+from conftest import configure, run_once, sigkill_runner_when, use_server
 
 from primefs import tracing
 from primefs.accounting import UsageIndex
 from primefs.cli import main
+from primefs.cli_trace import span_record
 from primefs.goals import write_goal
 from primefs.session import list_sessions
 
@@ -38,12 +39,18 @@ default:
 """
 
 
-@pytest.fixture
-def tree_ws(ws):
+def fan_out(ws):
+    """The goal `root` (SCRIPT), model alias `fast`, not run yet: 3 turns, 8 model calls, 3 cells."""
     (ws.root / "script.yaml").write_text(SCRIPT)
-    ws = configure(ws, model="scripted/script.yaml", limits={"max_concurrent_sessions": 4})
+    ws = configure(ws, model="fast", models={"fast": {"model": "scripted/script.yaml"}},
+                   limits={"max_concurrent_sessions": 4})
     write_goal(ws, "fan out to two children", name="root")
     return ws
+
+
+@pytest.fixture
+def tree_ws(ws):
+    return fan_out(ws)
 
 
 @pytest.fixture
@@ -52,6 +59,20 @@ def memory():
     tracing.install(tracing.make_provider(span_exporter=exporter))
     yield exporter
     tracing.reset()
+
+
+def replayed(ws, name: str = "root") -> list:
+    """The spans `primefs trace NAME` makes, caught in memory."""
+    from primefs.tracereplay import replay
+
+    exporter = InMemorySpanExporter()
+    provider = tracing.make_provider(span_exporter=exporter)
+    replay(ws, next(s.id for s in list_sessions(ws.sessions) if s.name == name), provider.get_tracer("test"))
+    return exporter.get_finished_spans()
+
+
+def records(spans) -> list[dict]:
+    return sorted((span_record(s) for s in spans), key=lambda r: r["span_id"])
 
 
 def shape(spans) -> Counter:
@@ -87,7 +108,10 @@ def check_tree(spans, ws) -> None:
         assert len(llm) == 1 and by_id[llm[0].parent.span_id].name == "execute_tool python"  # llm() from a cell
     chat = [s for s in spans if s.attributes["gen_ai.operation.name"] == "chat"]
     assert len(chat) == 2 + 2 * 3
-    assert all(s.attributes["gen_ai.request.model"] == "scripted/script.yaml" for s in chat)
+    # the model id the alias `fast` resolved to, on turns and calls alike; the alias on the turn
+    assert {s.attributes["gen_ai.request.model"] for s in chat + turns} == {"scripted/script.yaml"}
+    assert {s.attributes["gen_ai.response.model"] for s in chat} == {"scripted/script.yaml"}
+    assert {s.attributes["primefs.session.model"] for s in turns} == {"fast"}
     assert all(s.attributes["gen_ai.provider.name"] == "scripted" and s.kind.name == "CLIENT" for s in chat)
     tree = UsageIndex(ws.sessions).tree(root.id)  # what `primefs usage root` says
     assert token_sums(spans) == (tree["input_tokens"], tree["output_tokens"]) and tree["input_tokens"] > 0
@@ -102,21 +126,81 @@ def test_live_spans_follow_the_session_tree_and_replay_gives_the_same(tree_ws, m
     assert out.exit_code == 0, out.output
     rows = [json.loads(line) for line in out.output.splitlines()]
     assert len(rows) == len(live)
-    exporter = InMemorySpanExporter()
-    provider = tracing.make_provider(span_exporter=exporter)
-    from primefs.tracereplay import replay
-
-    counts = replay(tree_ws, [s.id for s in list_sessions(tree_ws.sessions) if s.name == "root"][0],
-                    provider.get_tracer("test"))
-    replayed = exporter.get_finished_spans()
-    check_tree(replayed, tree_ws)
-    assert shape(replayed) == shape(live)
-    assert counts["traces"] == 1 and counts["spans"] == len(live) and counts["unfinished"] == 0
+    again = replayed(tree_ws)
+    check_tree(again, tree_ws)
+    assert shape(again) == shape(live)
     # replayed spans carry the recorded times: a child's turn lies inside the cell that waited for it
-    cell = next(s for s in replayed if s.name == "execute_tool python" and s.parent
+    cell = next(s for s in again if s.name == "execute_tool python" and s.parent
                 and s.attributes["primefs.session.id"] == rows[0]["attributes"]["gen_ai.agent.id"])
-    kids = [s for s in replayed if s.parent and s.parent.span_id == cell.context.span_id]
+    kids = [s for s in again if s.parent and s.parent.span_id == cell.context.span_id]
     assert kids and all(cell.start_time <= k.start_time <= k.end_time <= cell.end_time for k in kids)
+
+
+def test_live_spans_are_the_spans_the_replay_makes_ids_included(tree_ws, memory):
+    """Live and replayed spans are made from the same events by the same functions: equal ids, parents,
+    times and attributes; and a history gives the same spans at every replay (exporting twice adds none)."""
+    run_once(tree_ws)
+    live = records(memory.get_finished_spans())
+    first, second = records(replayed(tree_ws)), records(replayed(tree_ws))
+    assert first == second
+    assert first == live
+    assert len({r["span_id"] for r in live}) == len(live) == 14
+
+
+def test_response_model_is_what_the_provider_said_live_and_replayed(ws, server, memory):
+    ws = use_server(ws, server)  # alias `fake`: openai/test-model through litellm, over HTTP
+    write_goal(ws, "say hello", name="hello")
+    run_once(ws)
+    live = records(memory.get_finished_spans())
+    assert records(replayed(ws, "hello")) == live
+    (turn,) = [r["attributes"] for r in live if r["name"] == "invoke_agent hello"]
+    (chat,) = [r["attributes"] for r in live if r["name"].startswith("chat ")]
+    assert turn["gen_ai.request.model"] == chat["gen_ai.request.model"] == "openai/test-model"
+    assert turn["primefs.session.model"] == "fake" and chat["gen_ai.provider.name"] == "openai"
+    assert chat["gen_ai.response.model"] == "test-model"  # as the server named it
+
+
+def test_a_cell_cut_off_by_a_killed_runner_is_replayed(ws):
+    """SIGKILL mid-cell: no `cell` event ever says it ended. The replay still shows it, cut off at its runner's
+    last event (the llm() call it made), before and after a new runner resumes the turn, with the same ids."""
+    (ws.root / "s.yaml").write_text(
+        "rules:\n"
+        "  - match: '^Long'\n"
+        "    replies:\n"
+        "      - code: \"print(llm('say hi'))\\nimport time\\ntime.sleep(60)\"\n"
+        "      - text: recovered\n"
+        "  - match: 'say hi'\n"
+        "    replies:\n"
+        "      - text: hi\n")
+    ws = configure(ws, model="scripted/s.yaml")
+    write_goal(ws, "Long job", name="long")
+    sigkill_runner_when(ws, lambda: any(len(s.events("model_call")) == 2 for s in list_sessions(ws.sessions)))
+    (s,) = list_sessions(ws.sessions)
+
+    def spans():
+        by_name = {}
+        for sp in replayed(ws, "long"):
+            by_name.setdefault(sp.name, []).append(sp)
+        return by_name
+
+    killed = spans()
+    (cell,) = killed["execute_tool python"]
+    (turn,) = killed["invoke_agent long"]
+    llm_call = s.events("model_call")[1]
+    assert cell.attributes["primefs.cell.unfinished"] is True and cell.attributes["gen_ai.tool.call.id"] == "call_0"
+    assert turn.attributes["primefs.turn.unfinished"] is True and cell.parent.span_id == turn.context.span_id
+    assert cell.start_time == int(round(s.events("assistant")[0]["ts"] * 1e9))
+    assert cell.end_time == turn.end_time == int(round(llm_call["ts"] * 1e9))
+    (llm_span,) = [sp for sp in killed["chat scripted/s.yaml"] if sp.attributes["primefs.purpose"] == "llm"]
+    assert llm_span.parent.span_id == cell.context.span_id
+    run_once(ws)  # a new runner: the cell is said interrupted, the turn resumed and answered
+    assert s.reload()["status"] == "idle"
+    resumed = spans()
+    (again,) = [sp for sp in resumed["execute_tool python"] if sp.attributes.get("primefs.cell.unfinished")]
+    assert span_record(again) == span_record(cell)  # the restart's own events are not the dead runner's
+    old, new = sorted(resumed["invoke_agent long"], key=lambda sp: sp.start_time)
+    assert span_record(old) == span_record(turn)
+    assert new.attributes["primefs.turn.resumed"] is True and new.attributes["primefs.turn.outcome"] == "idle"
 
 
 def test_tracing_is_off_without_otel_variables(ws, monkeypatch):
@@ -162,7 +246,8 @@ class Collector:
                             for sp in ss.spans:
                                 attrs = {a.key: (a.value.string_value or a.value.int_value) for a in sp.attributes}
                                 spans.append({"name": sp.name, "path": self.path, "resource": res, "attrs": attrs,
-                                              "parent": sp.parent_span_id.hex() or None})
+                                              "parent": sp.parent_span_id.hex() or None,
+                                              "ids": (sp.trace_id.hex(), sp.span_id.hex())})
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.end_headers()
@@ -196,10 +281,14 @@ def test_otlp_export_configured_by_the_environment_live_and_replayed(tree_ws):
         tree = UsageIndex(tree_ws.sessions).tree(next(s.id for s in list_sessions(tree_ws.sessions) if s.name == "root"))
         assert sum(s["attrs"].get("gen_ai.usage.input_tokens", 0) for s in live) == tree["input_tokens"]
         collector.spans.clear()
-        out = subprocess.run(pf + ["trace", "root"], capture_output=True, text=True, env=env, timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert "14 spans in 1 trace(s) from 3 session(s)" in out.stdout
-        assert Counter(s["name"] for s in collector.spans) == Counter(s["name"] for s in live)
+        exports = []
+        for _ in range(2):  # exported twice: the same ids, the ones the runner gave them live
+            out = subprocess.run(pf + ["trace", "root"], capture_output=True, text=True, env=env, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert "14 spans in 1 trace(s) from 3 session(s)" in out.stdout
+            exports.append(sorted((s["ids"], s["parent"], s["name"]) for s in collector.spans))
+            collector.spans.clear()
+        assert exports[0] == exports[1] == sorted((s["ids"], s["parent"], s["name"]) for s in live)
     finally:
         collector.close()
     # nobody listening: one clear line, no traceback
