@@ -37,7 +37,7 @@ from . import __version__
 from .errors import PrimefsError
 from . import summary as summaries
 from .eventindex import index_histories, sync_events
-from .fsutil import fsync_dir, open_regular, walk_tree, write_atomic
+from .fsutil import NAME_RE, fsync_dir, open_regular, walk_tree, write_atomic
 from .gitops import commit_paths, git
 from .index import ARCHIVING, Index, read_result, row_of
 from .summary import stat_key
@@ -250,9 +250,8 @@ def roll_back(ws, stage: Path) -> list[str]:
     """Everything of a tree whose zip was never finished goes back where it was. A folder or goal file
     whose place was taken meanwhile (a session of that id back in sessions/) is never deleted: it is
     kept aside in .primefs/archive-conflicts/<root>/. Returns what was kept aside."""
-    try:
-        journal = json.loads((stage / "journal.json").read_text())
-    except (OSError, ValueError):  # cut off before the journal was written: nothing was moved yet
+    journal = read_journal(stage)
+    if journal is None:  # cut off before the journal was written (nothing was moved yet), or damaged
         return _clear(ws, stage, [])
     aside: list[str] = []
     moves = [(stage / sid, ws.sessions / sid) for sid in journal["sessions"]]
@@ -267,6 +266,21 @@ def roll_back(ws, stage: Path) -> list[str]:
         _keep_aside(ws, stage.name, src, src.relative_to(stage).as_posix().replace("/", "--"), aside)
     (ws.root / (journal["file"] + ".tmp")).unlink(missing_ok=True)
     return _clear(ws, stage, aside)
+
+
+def read_journal(stage: Path) -> dict | None:
+    """A stage's journal, or None if it is missing or damaged (not JSON, nested, of other shapes): what
+    such a stage holds is then kept aside, never guessed at."""
+    try:
+        with open_regular(stage / "journal.json") as f:
+            j = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
+        return None
+    ok = isinstance(j, dict) and isinstance(j.get("root"), str) and isinstance(j.get("file"), str) \
+        and isinstance(j.get("sessions"), list) and all(isinstance(s, str) and NAME_RE.fullmatch(s) for s in j["sessions"]) \
+        and (j.get("goal") is None or isinstance(j["goal"], str) and j["goal"].startswith("goals/") and ".." not in j["goal"]) \
+        and isinstance(j.get("name"), str) and isinstance(j.get("keys", {}), dict) and ".." not in j["file"]
+    return j if ok else None
 
 
 def _keep_aside(ws, root: str, src: Path, name: str, aside: list[str]) -> None:
@@ -295,11 +309,8 @@ def recover(ws, index: Index | None = None) -> list[str]:
         return []
     done = []
     for stage in sorted(p for p in folder.iterdir() if p.is_dir()):
-        try:
-            journal = json.loads((stage / "journal.json").read_text())
-            complete = (ws.root / journal["file"]).is_file()
-        except (OSError, ValueError, KeyError):
-            journal, complete = None, False
+        journal = read_journal(stage)
+        complete = journal is not None and (ws.root / journal["file"]).is_file()
         if complete:
             own = index or Index(ws.root)
             try:

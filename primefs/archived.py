@@ -5,18 +5,24 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
 from . import summary as summaries
 from .errors import PrimefsError
-from .fsutil import open_regular
 from .eventindex import EventIndexer
-from .history import events_of
+from .fsutil import open_regular
+from .history import events_of, parse_event
 from .index import Index, row_of
 from .session import find_session
 from .archive import ARCHIVE, MANIFEST
 from .summary import stat_key
+
+# What reading a damaged archive raises: not a zip, cut short, bad deflate data, marked encrypted, another
+# compression method, a member missing, a manifest that is not ours. Such an archive is skipped, never fatal.
+ZIP_PROBLEMS = (OSError, EOFError, KeyError, ValueError, TypeError, RecursionError, RuntimeError, NotImplementedError,
+                zipfile.BadZipFile, zlib.error)
 
 
 @contextmanager
@@ -34,7 +40,7 @@ def open_history(root: Path, sid: str, place: str, zips: dict | None = None):
         data = z.read(f"sessions/{sid}/history.jsonl")
         if zips is None:
             z.close()
-    except (KeyError, zipfile.BadZipFile) as exc:
+    except ZIP_PROBLEMS as exc:  # damaged: bad data, encrypted, another method, not a zip
         raise OSError(f"{place}: {exc}") from None
     yield io.BytesIO(data)
 
@@ -51,7 +57,7 @@ class ArchivedSession:
                 names = set(z.namelist())
                 self._result = (z.read(f"sessions/{sid}/result.md").decode("utf-8", "replace")
                                 if f"sessions/{sid}/result.md" in names else None)
-        except (OSError, KeyError, zipfile.BadZipFile) as exc:
+        except ZIP_PROBLEMS as exc:
             raise PrimefsError(f"session {sid} is archived in {place}, which cannot be read: {exc}") from None
         s = summaries.of_contents(sid, self._history, meta)
         self.meta, self.problem = {"id": sid, **s["meta"]}, s["broken"]
@@ -135,12 +141,14 @@ def index_archive(index: Index, place: str, events: bool = True, only: list[str]
     try:
         with zipfile.ZipFile(index.root / place) as z:
             manifest = json.loads(z.read(MANIFEST))
+            if not isinstance(manifest, dict) or not isinstance(manifest.get("sessions"), list) or not all(isinstance(x, str) for x in manifest["sessions"]):
+                return 0
             names = set(z.namelist())
             contents = {sid: (z.read(f"sessions/{sid}/history.jsonl"), z.read(f"sessions/{sid}/session.yaml").decode(
                 "utf-8", "replace"), z.read(f"sessions/{sid}/result.md").decode("utf-8", "replace")
                 if f"sessions/{sid}/result.md" in names else None)
                 for sid in manifest["sessions"] if only is None or sid in only}
-    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile):
+    except ZIP_PROBLEMS:
         return 0  # not one of ours, or damaged: left alone
     rows = []
     for sid, (history, meta, result) in contents.items():
@@ -181,11 +189,8 @@ def read_events(root: Path, hits: list[dict]) -> list[dict]:
             with open_history(root, sid, place, zips) as f:
                 for h in group:
                     f.seek(h["pos"])
-                    try:
-                        e = json.loads(f.read(h["len"]))
-                    except ValueError:
-                        continue
-                    if isinstance(e, dict):
+                    e = parse_event(f.read(h["len"]))
+                    if e is not None:
                         out[h["rowid"]] = {**e, "session": sid, "session_name": h["name"]}  # an event's own `name` stays
         except OSError:
             continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from .fsutil import open_regular
-from .history import check_at, iter_lines, still_there
+from .history import check_at, iter_lines, parse_event, still_there
 from .index import Index
 
 TEXT_FIELDS = ("text", "task", "code", "output", "error", "answer", "report", "summary", "instructions", "detail")
@@ -46,11 +46,8 @@ class EventIndexer:
         events, texts = [], []
         for end, line in iter_lines(f, indexed, size):
             start, offset = offset, end
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(e, dict):
+            e = parse_event(line)
+            if e is None:
                 continue
             n, ts = e.get("n"), e.get("ts")
             events.append((key, n if isinstance(n, int) else None, ts if isinstance(ts, (int, float)) else None,

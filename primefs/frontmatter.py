@@ -66,6 +66,9 @@ def read_text(path: Path, label: str | None = None, max_bytes: int = MAX_BYTES, 
         raise FileProblem(f"{label}: not UTF-8 text (byte {exc.start})") from None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def check_shape(data, label: str) -> Any:
     """Refuse deep nesting and alias bombs (iteratively: no recursion to exhaust)."""
     stack, seen = [(data, 1)], 0
@@ -74,6 +77,11 @@ def check_shape(data, label: str) -> Any:
         seen += 1
         if seen > MAX_VALUES:
             raise FileProblem(f"{label}: too many values (over {MAX_VALUES:,}, YAML aliases included)")
+        if isinstance(value, str):
+            # a legal YAML escape ("\ud800") that no file, terminal or database can take
+            if bad := _SURROGATE.search(value):
+                raise FileProblem(f"{label}: a lone surrogate (\\u{ord(bad[0]):x}) is not text")
+            continue
         if isinstance(value, dict):
             children = [*value.keys(), *value.values()]
         elif isinstance(value, (list, tuple)):

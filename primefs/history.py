@@ -100,15 +100,85 @@ def iter_events(path: Path) -> Iterator[dict]:
         yield from events_of(f)
 
 
+def parse_event(line: bytes) -> dict | None:
+    """One history line as an event, or None for a garbled one: not JSON, nested too deep, not an
+    object, no text `type`, a `ts` that is no time (NaN, 1e308, a string), a field readers rely on
+    missing or of the wrong type (SHAPES). Lone surrogates (a legal JSON
+    escape, which nothing can print or store) become U+FFFD. Every reader of history lines uses this."""
+    try:
+        e = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(e, dict) or not isinstance(e.get("type"), str):
+        return None
+    ts = e.get("ts")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < MAX_TS):
+        return None
+    if not _well_typed(e):
+        return None
+    if b"\\ud" in line or b"\\uD" in line:
+        e = mend_surrogates(e)
+    return e
+
+
+MAX_TS = 1e11  # year 5138: a time past it is not one
+STR, OPT = (str,), (str, type(None))
+# The fields readers rely on (the conversation, seen mail, compaction), by event type: (types, required).
+# Any other field is read with .get() and its type checked where it is used.
+SHAPES = {
+    "*": {"n": ((int,), False), "text": (OPT, False), "error": (OPT, False)},
+    "task": {"text": (STR, True)},
+    "notice": {"text": (STR, True)},
+    "message": {"id": (STR, True), "from": (STR, True), "kind": (STR, True), "text": (STR, True)},
+    "assistant": {"calls": ((list, type(None)), False)},
+    "cell": {"call_id": (OPT, False), "shown": (STR, True)},
+    "compaction": {"summary": (STR, True), "upto_n": ((int,), True)},
+}
+
+
+def _well_typed(e: dict) -> bool:
+    for shape in (SHAPES["*"], SHAPES.get(e["type"], {})):
+        for field, (types, required) in shape.items():
+            if field in e:
+                if isinstance(e[field], bool) or not isinstance(e[field], types):
+                    return False
+            elif required:
+                return False
+    calls = e.get("calls") if e["type"] == "assistant" else None
+    return not calls or all(isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("id", "name", "arguments"))
+                            for c in calls)
+
+
+def mend_surrogates(value):
+    """Strings anywhere in JSON data, lone surrogates replaced by U+FFFD (iteratively: no depth limit)."""
+    def fix(s):
+        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if isinstance(s, str) else s
+
+    root = [value]
+    stack = [(root, 0)]
+    while stack:
+        holder, key = stack.pop()
+        v = holder[key]
+        if isinstance(v, str):
+            holder[key] = fix(v)
+        elif isinstance(v, list):
+            stack.extend((v, i) for i in range(len(v)))
+        elif isinstance(v, dict):
+            fixed = {fix(k): v[k] for k in v}
+            v.clear()
+            v.update(fixed)
+            stack.extend((v, k) for k in v)
+    return root[0]
+
+
 def events_of(f) -> Iterator[dict]:
     """The complete events of an open binary file of JSON lines; a torn or garbled line is skipped."""
     for line in f:
         if not line.endswith(b"\n"):
             break
-        try:
-            yield json.loads(line)
-        except ValueError:
-            continue
+        e = parse_event(line)
+        if e is not None:
+            yield e
 
 
 def iter_lines(f, start: int, end: int, chunk: int = 1 << 22) -> Iterator[tuple[int, bytes]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import threading
 from pathlib import Path
@@ -136,7 +137,7 @@ class Index:
                     raise
                 return db
             except sqlite3.DatabaseError as exc:
-                if attempt or not broken_database(exc):
+                if attempt or not (broken_database(exc) or self.path.is_dir()):
                     break
                 self.remove_files()
             except OSError:  # a read-only workspace: a cache in memory, filled again by each command
@@ -167,10 +168,13 @@ class Index:
 
     def remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
+            path = f"{self.path}{suffix}"
             try:
-                os.unlink(f"{self.path}{suffix}")
+                os.unlink(path)
             except FileNotFoundError:
                 pass
+            except IsADirectoryError:  # a folder in a cache file's place: nothing of anyone's
+                shutil.rmtree(path, ignore_errors=True)
 
     def rebuild(self) -> None:
         """Start from an empty database (`primefs reindex`)."""

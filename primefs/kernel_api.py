@@ -125,7 +125,7 @@ class HistoryAPI:
                     break  # a line still being written
                 try:
                     e = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # (the runner's history.parse_event does more)
                     continue
                 if type is None or e.get("type") == type:
                     out.append(e)

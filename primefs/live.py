@@ -24,6 +24,7 @@ from .cliopts import workspace, ws_option
 from .daemon import runner_state
 from .errors import PrimefsError
 from .fsutil import open_regular
+from .history import parse_event
 from .livefeed import StreamTail, stream_path
 from .logview import EventPrinter, print_events
 from .session import Session, find_session, session_names
@@ -81,11 +82,8 @@ class HistoryReader:
         self.pos += end + 1
         events = []
         for line in data[: end + 1].splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # garbled line: skipped, like history.iter_events
-            if isinstance(event, dict):
+            event = parse_event(line)  # a garbled line: skipped, like history.iter_events
+            if event is not None:
                 events.append(event)
         return events
 

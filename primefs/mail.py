@@ -45,7 +45,24 @@ def new_message_id() -> str:
     return f"{time.time_ns()}.{secrets.token_hex(4)}"
 
 
+def mend(mail_dir: Path) -> list[str]:
+    """The mailbox's folders made whole (a person or a disk can break them): a missing one is made, and
+    anything else in a folder's place (a file, a link) is kept in bad/ with a reason, never deleted.
+    Returns what was kept aside ("mail/cur")."""
+    aside = []
+    for path in (mail_dir, *(mail_dir / sub for sub in ("tmp", "new", "cur"))):
+        if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()):
+            if path == mail_dir:
+                os.rename(path, path.with_name(f"mail.not-a-folder.{secrets.token_hex(3)}"))
+            else:
+                quarantine(path, f"mail/{path.name} was not a folder: kept here, the folder made again")
+            aside.append("mail" if path == mail_dir else f"mail/{path.name}")
+        path.mkdir(exist_ok=True)
+    return aside
+
+
 def deliver(mail_dir: Path, *, sender: str, to: str, kind: str, text: str, extra: dict | None = None) -> Message:
+    mend(mail_dir)
     text = redact.text(text)  # known secrets never reach a file
     msg = Message(id=new_message_id(), sender=sender, to=to, kind=kind, text=text, created=iso())
     meta = {"id": msg.id, "from": sender, "to": to, "kind": kind, "created": msg.created, **redact.value(extra or {})}
@@ -66,7 +83,7 @@ def deliver(mail_dir: Path, *, sender: str, to: str, kind: str, text: str, extra
 def new_files(mail_dir: Path) -> list[Path]:
     try:
         return sorted(p for p in (mail_dir / "new").iterdir() if not p.name.startswith("."))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
 
 
@@ -99,7 +116,7 @@ def ack(path: Path) -> Path:
 def unacked(mail_dir: Path) -> list[Path]:
     try:
         return sorted(p for p in (mail_dir / "cur").iterdir() if p.name.endswith(CLAIMED))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
 
 
@@ -136,9 +153,12 @@ def quarantine(path: Path, reason: str) -> Path:
     Raises OSError if it cannot be moved (the caller then leaves it alone)."""
     bad = path.parent.parent / "bad"
     bad.mkdir(exist_ok=True)
-    target = bad / base_name(path)
+    name = base_name(path)
+    if len(name.encode()) > 200:  # room for the .reason beside it (names end at 255 bytes)
+        name = name.encode()[:200].decode(errors="ignore")
+    target = bad / name
     if os.path.lexists(target):  # a second bad file of that name: keep both
-        target = bad / f"{base_name(path)}.{secrets.token_hex(3)}"
+        target = bad / f"{name}.{secrets.token_hex(3)}"
     os.rename(path, target)
     (bad / (target.name + ".reason")).write_text(reason + "\n", encoding="utf-8")
     return target

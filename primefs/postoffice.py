@@ -43,6 +43,11 @@ class PostOffice:
         """
         s = agent.session
         out = []
+        try:
+            for name in mail.mend(s.mail):
+                self.log(f"warning: {s.id}: {name} was not a folder: kept aside, the folder made again")
+        except OSError as exc:
+            self.log(f"warning: {s.id}: its mailbox cannot be mended: {exc}")
         for path in mail.unacked(s.mail) + mail.new_files(s.mail):
             if limit is not None and len(out) >= limit:
                 break

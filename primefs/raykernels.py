@@ -41,6 +41,9 @@ NOT_KERNEL_RESOURCES = ("object_store_memory",)
 
 
 def import_ray():
+    # A call after ray.shutdown() would connect again on its own, to whichever cluster started last, and
+    # stay connected: the runner connects once, on purpose (read when ray is first imported).
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
     try:
         import ray
     except ImportError:
@@ -206,9 +209,21 @@ class RayKernelHost(KernelHost):
         self.cond = threading.Condition()
         self.nodes: dict[str, RayNode] = {}
         self.closed = False
+        self.threads: list[threading.Thread] = []  # those that call Ray: all ended before ray.shutdown()
         self.refresh()
-        threading.Thread(target=self._watch, name="primefs-ray-nodes", daemon=True).start()
-        threading.Thread(target=self._heartbeat, name="primefs-ray-heartbeat", daemon=True).start()
+        self._thread(self._watch, "primefs-ray-nodes")
+        self._thread(self._heartbeat, "primefs-ray-heartbeat")
+
+    def _thread(self, target, name: str, *args) -> None:  # (self.cond is reentrant: refresh holds it)
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self.cond:
+            self.threads.append(t)
+        t.start()
+
+    def _pause(self, seconds: float) -> bool:
+        """Sleep, or less if the host closes; False once it has."""
+        with self.cond:
+            return not self.cond.wait_for(lambda: self.closed, timeout=seconds)
 
     # -- nodes ------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -228,14 +243,13 @@ class RayKernelHost(KernelHost):
                     num_cpus=0, max_concurrency=10_000, max_restarts=0,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False)).remote(str(self.cwd), nid)
                 rn = self.nodes[nid] = RayNode(info, actor, actor.info.remote())
-                threading.Thread(target=self._poll, args=(rn,), name=f"primefs-ray-{nid[:8]}", daemon=True).start()
+                self._thread(self._poll, f"primefs-ray-{nid[:8]}", rn)
             gone = [rn for nid, rn in self.nodes.items() if nid not in alive and not rn.lost]
         for rn in gone:
             self.lose(rn, "it left the cluster")
 
     def _watch(self) -> None:
-        while not self.closed:
-            time.sleep(REFRESH_S)
+        while self._pause(REFRESH_S):
             try:
                 self.refresh()
             except Exception as exc:  # noqa: BLE001 - the cluster's head may be busy; try again later
@@ -246,8 +260,7 @@ class RayKernelHost(KernelHost):
         """Each ready node's actor is asked `info` every HEARTBEAT_S; MISSES rounds without an answer in
         HEARTBEAT_TIMEOUT_S and the node is lost (its sessions go on elsewhere)."""
         missed: dict[str, int] = {}
-        while not self.closed:
-            time.sleep(HEARTBEAT_S)
+        while self._pause(HEARTBEAT_S):
             with self.cond:
                 nodes = [rn for rn in self.nodes.values() if rn.ready and not rn.lost]
             try:
@@ -327,6 +340,8 @@ class RayKernelHost(KernelHost):
             reply = {"ok": True, "result": self.handler(req["sid"], req["op"], req["args"])}
         except Exception as exc:  # becomes an exception in the cell, not a runner crash
             reply = error_reply(exc)
+        if self.closed:  # the kernel that asked is gone with the host
+            return
         try:
             rn.actor.reply.remote(req["rid"], json.dumps(reply, default=str))
         except Exception:  # noqa: BLE001 - the node is gone, and the kernel that asked with it
@@ -415,5 +430,8 @@ class RayKernelHost(KernelHost):
                 self.ray.kill(rn.actor)
             except Exception:  # noqa: BLE001
                 pass
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        for t in self.threads:  # a long poll ends within POLL_S, a killed actor's at once
+            t.join(max(0.0, deadline - time.monotonic()))
         if self.owns:
             self.ray.shutdown()

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import signal
 import sys
 import threading
@@ -291,8 +292,11 @@ class Runner:
         host = self.host.state() if self.host else {"live_kernels": 0, "kernel_pids": []}
         state = {"pid": os.getpid(), "started": self.started_at, "updated": time.time(), **self.scheduler.snapshot(),
                  **host}
+        path = self.ws.state / "runner.json"
         try:
-            write_atomic(self.ws.state / "runner.json", json.dumps(state, indent=1), durable=False)
+            write_atomic(path, json.dumps(state, indent=1), durable=False)
+        except IsADirectoryError:  # a folder in the runner's own file's place: taken away, written next time
+            shutil.rmtree(path, ignore_errors=True)
         except OSError:
             pass
 
@@ -315,7 +319,7 @@ class Runner:
                 self.log(f"warning: git commit failed: {err}")
         try:
             (self.ws.state / "runner.json").unlink()
-        except FileNotFoundError:
+        except OSError:
             pass
         if self.lock:
             self.lock.release()

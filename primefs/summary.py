@@ -33,7 +33,7 @@ from pathlib import Path
 from .errors import PrimefsError
 from .frontmatter import load_yaml, loads_yaml
 from .fsutil import open_regular, write_atomic
-from .history import check_at, iter_lines, still_there
+from .history import check_at, iter_lines, parse_event, still_there
 from .settings import check_session_meta
 
 FILE = "summary.json"
@@ -115,9 +115,8 @@ def read_history(s: dict, f, size: int, each=None) -> None:
         _forget_history(s)
     for end, line in iter_lines(f, s["offset"], size):
         start, s["offset"] = s["offset"], end
-        try:
-            event = json.loads(line)
-        except ValueError:  # a garbled line is skipped, as history.iter_events does
+        event = parse_event(line)
+        if event is None:  # a garbled line is skipped, as history.iter_events does
             continue
         fold(s, event)
         if each is not None:
@@ -173,7 +172,7 @@ def load(folder: Path) -> dict | None:
     try:
         with open_regular(Path(folder) / FILE) as f:
             data = json.loads(f.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("id") != Path(folder).name:
         return None

@@ -65,6 +65,7 @@ class Turns:
             self.log(f"error in session {sid}: {type(exc).__name__}: {exc}")
             if not self.bell.stopping:  # torn down under it: resumable, not failed
                 self._fail(sid, exc)
+            return False  # the mail that was waiting would fail it again at once: new mail wakes it
         finally:
             if agent is not None and not self.bell.stopping:
                 self.park(agent)

@@ -94,6 +94,13 @@ def test_the_ray_host_behind_the_kernel_host_seam(ws, cluster, tmp_path):
         assert out == "Network is unreachable\n", out
     finally:
         host.close()
+    # closed means closed: no thread of the host left to call Ray, which would connect again by itself
+    import threading
+
+    import ray
+
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("primefs-ray")]
+    assert not ray.is_initialized()
 
 
 def test_sessions_pinned_to_a_node_and_shown_there(ws, cluster):
@@ -225,50 +232,3 @@ rules:
                           capture_output=True, text=True).stdout == ""
     assert [e["type"] for e in mem.events() if e["type"] in ("turn_start", "turn_end")] == \
            ["turn_start", "turn_end"] * 2
-
-
-def test_a_hung_node_is_lost_within_seconds_and_its_session_goes_on(ws):
-    """A node whose processes are stopped (SIGSTOP: hung, not crashed) is dead to Ray only after ~30-60 s;
-    primefs's heartbeat loses it in 10-15 s and the session goes on on the other node. The node's actor is
-    found through Ray's own state API."""
-    import os
-    import signal
-
-    pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-    from ray.util.state import list_actors
-
-    c = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0, "include_dashboard": True})
-    workers = {name: c.add_node(num_cpus=4, resources={name: 1000, "worker": 1000}) for name in ("w1", "w2")}
-    c.wait_for_nodes()
-    (ws.root / "script.yaml").write_text(
-        "rules:\n  - match: '^Work'\n    replies:\n      - code: \"import time\\nopen('started.txt', 'w').write('1')\\n"
-        "time.sleep(300)\"\n      - code: \"print('after')\"\n      - text: finished\n")
-    ws = on_ray(ws, c, model="scripted/script.yaml")
-    write_goal(ws, "Work", name="w")
-    stopped = []
-    try:
-        with BackgroundRunner(ws) as br:
-            w = wait_for(lambda: by_name(ws).get("w"), what="the session")
-            wait_for(lambda: (w.dir / "work" / "started.txt").exists(), 90, "the long cell")
-            node = w.reload()["node"]
-            actor = next(a for a in list_actors(address=c.address, filters=[("class_name", "=", "NodeKernels")])
-                         if node.startswith(a.node_id[:8]))
-            doomed = next(n for n in workers.values() if n.node_id == actor.node_id)
-            for pid in [actor.pid, *(p.process.pid for procs in doomed.all_processes.values() for p in procs)]:
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-            started = time.monotonic()
-            wait_for(lambda: w.read_result() == "finished", 60, "the session to finish on the other node")
-            lost_after = time.monotonic() - started
-            assert any("did not answer" in line for line in br.lines), br.lines
-    finally:
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
-        c.shutdown()
-    kernels = w.events("kernel")
-    assert kernels[-1]["event"] == "restarted" and "did not answer" in kernels[-1]["reason"] and kernels[-1]["node"] != node
-    assert lost_after < 45  # Ray alone would take ~60 s here (its health checks' 10 s timeout, 5 misses)

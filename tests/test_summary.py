@@ -184,7 +184,8 @@ def test_non_finite_numbers_in_a_history_count_as_nothing(ws):
     folder = ws.sessions / session_ids(ws.sessions)[0]
     cost = summary.recount(folder)["usage"]["cost_usd"]
     with open(folder / "history.jsonl", "a") as f:
-        f.write('{"ts": NaN, "type": "model_call", "cost_usd": Infinity, "input_tokens": NaN}\n')
+        f.write('{"ts": NaN, "type": "model_call", "cost_usd": 1, "input_tokens": 1}\n')  # no time: garbled
+        f.write('{"ts": 2e9, "type": "model_call", "cost_usd": Infinity, "input_tokens": NaN}\n')
     s = summary.fresh(folder)
-    assert s["usage"]["cost_usd"] == cost and s["last"]["ts"] is None
+    assert s["usage"]["cost_usd"] == cost and s["last"]["ts"] == 2e9
     assert summary.load(folder) == s  # what was written is trusted again (finite numbers only)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ..fsutil import open_regular
+from ..history import parse_event
 from ..live import line_start
 
 BLOCK = 65536
@@ -54,10 +55,7 @@ def tail_events(path: Path, limit: int, before: int | None = None) -> tuple[list
         return [], 0, 0
     events = []
     for line in reversed(taken):
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(e, dict):
+        e = parse_event(line)
+        if e is not None:
             events.append(e)
     return events, start, end
