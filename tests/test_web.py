@@ -151,10 +151,18 @@ def test_usage_page_sums_like_primefs_usage(ws):
     write_goal(ws, "fan out", name="root")
     run_once(ws)
     root = next(s for s in list_sessions(ws.sessions) if s.name == "root")
+    child = next(s for s in list_sessions(ws.sessions) if s.meta.get("parent") == root.id)
+    with open(child.dir / "history.jsonl", "a") as f:  # written by hand: no numbers where numbers belong
+        f.write(json.dumps({"ts": "later", "type": "model_call", "n": 90, "model": "m", "input_tokens": "many",
+                            "output_tokens": 7, "cost_usd": "free", "cost_known": True}) + "\n")
     tree = UsageIndex(ws.sessions).tree(root.id)
+    cli = json.loads(CliRunner().invoke(main, ["-w", str(ws.root), "usage", root.id, "--json"]).output)["tree"]
+    assert cli == tree and tree["output_tokens"] >= 7
     c = client(ws)
+    for path in ("/", f"/s/{child.id}", "/usage"):
+        assert c.get(path).status_code == 200, path
     page = c.get(f"/usage?session={root.id}").text
-    assert f"{tree['calls']} calls · {tree['input_tokens'] + tree['output_tokens']:,} tokens" in page
+    assert f"{tree['calls']} calls · {tree['input_tokens'] + tree['output_tokens']:,} tokens · ${tree['cost_usd']:.4f}" in page
     assert page.count("<svg") >= 2 and "<polyline" in page and "root.3" in page
     overview = c.get("/usage").text
     assert f"/usage?session={root.id}" in overview and "<polyline" in overview
