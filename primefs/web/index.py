@@ -1,6 +1,7 @@
 """What the web view knows of the sessions: one incremental index per server, shared by every page.
 
-Each history is read once, then only the bytes appended since (live.HistoryReader), and each
+Each history is read once, then only the bytes appended since (summary.follow: counted by the fold
+that `primefs usage` uses, so the figures are the same), and each
 session.yaml is parsed again only when it changed (Session.reload): a page or a live update of a
 workspace with thousands of sessions costs a directory listing and a few stats per session, never a
 re-read of every history. A refresh is skipped if the last one was very recent (throttled by how long
