@@ -222,3 +222,23 @@ def test_serve_refuses_remote_hosts_and_busy_ports(ws):
         assert r.exit_code == 1 and "is in use" in r.output and "Traceback" not in r.output
     finally:
         busy.close()
+
+
+def test_bad_input_is_a_clear_4xx_never_a_500(ws, tmp_path):
+    s = create_session(ws.sessions, task="t", name="s", model="scripted/x.yaml")
+    s.history.append("notice", text="the last word")
+    run = tmp_path / "eval-runs" / "odd"
+    run.mkdir(parents=True)
+    rows = [{"id": "no-cost", "score": 1, "input_tokens": 10, "output_tokens": 2},
+            {"id": "odd-types", "score": "high", "input_tokens": "ten", "cost_usd": None, "mode": ["a"],
+             "session": ["x"], "calls": {}}]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = client(ws, eval_roots=[tmp_path / "eval-runs"])
+    page = c.get(f"/s/{s.id}?before=99999999999999999999999")  # past the end: the end
+    assert page.status_code == 200 and "the last word" in page.text
+    for path, word in ((f"/s/{s.id}?before=abc", "before"), ("/?page=2x", "page"), ("/events/tree?page=-1", "page")):
+        r = c.get(path)
+        assert r.status_code == 400 and word in r.text and "Traceback" not in r.text, path
+    assert c.get("/evals").status_code == 200
+    run_page = c.get("/evals/run?root=0&path=odd")
+    assert run_page.status_code == 200 and "no-cost" in run_page.text and "odd-types" in run_page.text
