@@ -106,6 +106,8 @@ def test_broken_files_never_break_a_page(ws):
         f.write('{"ts": 3, "type": "message", "n": 2}\n')
         f.write('{"ts": 4, "type": "invented_event", "n": 3, "x": {"y": 1}}\n')
         f.write('{"ts": 5, "type": "result", "n": 4, "text": "after the junk"}\n')
+        f.write('{"ts": 5, "type": "restored", "n": 6, "restored": ["df", "rows"], "modules": ["numpy"], '
+                '"failed": ["conn"], "skipped": []}\n')
         f.write('{"ts": 6, "type": "cell", "n": 5, "code": "tor')  # torn last line
     (odd.dir / "session.yaml").write_text((odd.dir / "session.yaml").read_text() + "parent_extra: [1, 2]\n")
     c = client(ws)
@@ -118,7 +120,9 @@ def test_broken_files_never_break_a_page(ws):
     assert page.status_code == 200 and "session.yaml cannot be read" in page.text
     page = c.get(f"/s/{odd.id}")
     assert page.status_code == 200 and "odd task" in page.text and "after the junk" in page.text
-    assert "invented_event" in page.text
+    assert "invented_event" in page.text and "x: {&#34;y&#34;: 1}" in page.text  # as `primefs log` says it
+    assert "restored df, rows, numpy (module); not restored: conn" in page.text
+    assert "(&#39;" not in page.text  # never Python's spelling of a tuple
     for path in ("/usage", f"/usage?session={good.id}", "/harness", "/evals"):
         assert c.get(path).status_code == 200, path
     assert c.get("/s/..%2F..%2Fetc").status_code == 404

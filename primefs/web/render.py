@@ -14,6 +14,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
 from ..daemon import human_age
+from ..logview import fields, restored_text
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -65,7 +66,8 @@ def _pretty(value) -> str:
 def make_env() -> Environment:
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True),
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(clock=_clock, when=_when, age=_age, num=_num, usd=_usd, short=_short, pretty=_pretty)
+    env.filters.update(clock=_clock, when=_when, age=_age, num=_num, usd=_usd, short=_short, pretty=_pretty,
+                       fields=fields, restored_text=restored_text)
     return env
 
 
