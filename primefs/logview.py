@@ -25,7 +25,7 @@ def _ts(e: dict) -> str:
         return "??:??:??"
 
 
-def _code_of(call: dict) -> str:
+def code_of(call: dict) -> str:
     try:
         return json.loads(call.get("arguments") or "{}").get("code", "")
     except (ValueError, AttributeError):
@@ -160,7 +160,7 @@ class EventPrinter:
         self.prose(text[at:].strip("\n"))
         for call in e.get("calls") or []:
             if call.get("name") == "python":
-                self.verbatim(_code_of(call), "cyan")
+                self.verbatim(code_of(call), "cyan")
             else:
                 self.verbatim(f"[call of {call.get('name')}: {call.get('arguments')}]", "cyan")
 

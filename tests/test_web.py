@@ -246,3 +246,21 @@ def test_bad_input_is_a_clear_4xx_never_a_500(ws, tmp_path):
     assert c.get("/evals").status_code == 200
     run_page = c.get("/evals/run?root=0&path=odd")
     assert run_page.status_code == 200 and "no-cost" in run_page.text and "odd-types" in run_page.text
+
+
+def test_a_call_whose_cell_is_not_written_shows_its_code(ws):
+    s = create_session(ws.sessions, task="t", name="s", model="scripted/x.yaml")
+    call = {"id": "call_0", "name": "python", "arguments": json.dumps({"code": "print('first')"})}
+    s.history.append("assistant", text="", calls=[call])
+    s.history.append("cell", call_id="call_0", code="print('first')", output="first\n")
+    s.history.append("assistant", text="and again", calls=[dict(call, arguments=json.dumps({"code": "slow()"}))])
+    c = client(ws)
+    page = c.get(f"/s/{s.id}").text
+    pending = re.findall(r'<div class="ev ev-cell pending[^"]*" data-call="call_0">.*?</div>', page, re.S)
+    assert len(pending) == 1 and "slow()" in pending[0] and "print(" not in pending[0]
+    assert "no output recorded" in pending[0] and "running" not in pending[0]  # pending, not running
+    s.update(status="running")
+    page = c.get(f"/s/{s.id}").text
+    assert 'ev-cell pending running" data-call="call_0"' in page and "running…" in page
+    older = c.get(f"/s/{s.id}?before={(s.dir / 'history.jsonl').stat().st_size - 1}").text
+    assert "pending" not in older  # an older page: its cells come later

@@ -115,12 +115,13 @@ def test_session_page_shows_a_cell_output_as_it_appears(sws, page, tmp_path):
         with BackgroundRunner(sws):
             write_goal(sws, "Slowly compute something", name="slow")
             s = wait_for(lambda: session_named(sws, "slow"), what="the session")
-            wait_for(lambda: s.events("cell") == [] and s.events("assistant"), what="its first reply")
-            go(page, url, f"/s/{s.id}")
-            page.wait_for_selector("#live.on")
-            assert page.locator(".ev-cell").count() == 0  # the cell is still running
+            go(page, url, f"/s/{s.id}")  # its reply comes on the page or through the stream: its cell runs 3 s
+            running = page.wait_for_selector(".ev-cell.running")  # at once: the code and a running sign
+            assert running.query_selector("pre.code").inner_text().startswith("import time")
+            assert "running" in running.query_selector(".sign").inner_text()
             out = page.wait_for_selector(".ev-cell pre.out", timeout=30000)
             assert out.inner_text().strip() == "slow-output-7"
+            assert page.locator(".ev-cell").count() == 1  # the finished cell took the running one's place
             assert page.locator(".ev-cell pre.code").inner_text().startswith("import time")
             page.wait_for_selector("#status.idle", timeout=30000)  # the header follows too
             page.wait_for_selector("#result")

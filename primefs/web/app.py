@@ -232,7 +232,8 @@ def session_events(request: Request):
         version = state.index.refresh(force=bool(events))  # names of children just spawned, for links
         if events:
             skipped = len(events) - MAX_BATCH
-            html = state.renderer.events(events[-MAX_BATCH:], state.index.names)
+            running = state.index.meta.get(sid, {}).get("status") == "running"
+            html = state.renderer.events(events[-MAX_BATCH:], state.index.names, running)
             if skipped > 0:
                 html = f'<p class="flash note">{skipped} events not shown: reload for the full page</p>' + html
             out.append(_patch("events", str(html), "append", reader.pos))

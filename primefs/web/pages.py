@@ -12,7 +12,7 @@ from ..harnessgit import HarnessGit
 from ..mail import new_files
 from ..session import Session
 from . import charts, evals
-from .timeline import tail_events
+from .timeline import line_end, tail_events
 
 PER_PAGE = 200  # tree rows per page
 EVENTS = 200  # timeline events per page
@@ -62,8 +62,11 @@ def session_page(state, sid: str, before: int | None) -> dict | None:
     index = state.index
     index.refresh(force=True)
     events, start, end = tail_events(state.ws.sessions / sid / "history.jsonl", EVENTS, before)
-    return {**session_head(state, sid), "events": state.renderer.events(events, index.names), "start": start,
-            "end": end, "live": before is None}
+    head = session_head(state, sid)
+    live = before is None or end == line_end(state.ws.sessions / sid / "history.jsonl")  # it ends the history
+    running = head["meta"].get("status") == "running" if live else None
+    return {**head, "events": state.renderer.events(events, index.names, running), "start": start, "end": end,
+            "live": live}
 
 
 def _series(index, groups: list[tuple[str, list[str]]], what: str) -> list:

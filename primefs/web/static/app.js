@@ -22,7 +22,14 @@
       if (!target) return;
       if (patch.op === "append") {
         const stick = nearBottom();
-        target.insertAdjacentHTML("beforeend", patch.html);
+        const box = document.createElement("template");
+        box.innerHTML = patch.html;
+        for (const el of Array.from(box.content.children)) {
+          // a cell, once written, takes the place of its call shown as running (the first with its id)
+          const call = el.classList.contains("ev-cell") && !el.classList.contains("pending")
+            ? target.querySelector(`.ev-cell.pending[data-call="${CSS.escape(el.dataset.call || "")}"]`) : null;
+          if (call) call.replaceWith(el); else target.append(el);
+        }
         if (stick) window.scrollTo(0, document.body.scrollHeight);
       } else {
         target.innerHTML = patch.html;
