@@ -264,3 +264,39 @@ def test_a_call_whose_cell_is_not_written_shows_its_code(ws):
     assert 'ev-cell pending running" data-call="call_0"' in page and "running…" in page
     older = c.get(f"/s/{s.id}?before={(s.dir / 'history.jsonl').stat().st_size - 1}").text
     assert "pending" not in older  # an older page: its cells come later
+
+
+def test_a_failed_session_is_found_among_many(ws):
+    """Filters (status, name, model, time) and counts by status; unfiltered pages start at a root."""
+    roots = [create_session(ws.sessions, task="t", name=f"r{i}", model="m/a") for i in range(300)]
+    big = create_session(ws.sessions, task="t", name="big", model="m/b")
+    kids = [create_session(ws.sessions, task="t", name=f"big.c{i}", model="m/b", parent=big.id) for i in range(250)]
+    for s in (roots[3], roots[150], roots[299], kids[200]):
+        s.set_status("failed", error="boom")
+    c = client(ws)
+    first = c.get("/").text
+    assert re.search(r'id="count-failed"[^>]*>4 failed<', first) and re.search(r">all 551<", first)
+    parents = {s.id: s.meta.get("parent") for s in [*roots, big, *kids]}
+    n = int(re.search(r"page 1 of (\d+)", first).group(1))
+    starts = []
+    for page in range(1, n + 1):
+        text = c.get(f"/?page={page}").text
+        ids = re.findall(r'<tr class="st-\w+" data-id="([^"]+)"', text)
+        assert ids and len(ids) <= 200 and parents[ids[0]] is None, page  # every page starts at a root
+        starts.append(ids[0])
+    assert starts.count(big.id) == 2  # the tree bigger than a page: two pages, each from its root
+    failed = c.get("/?status=failed").text
+    assert failed.count('<tr class="st-failed"') == 4 and "4 matching" in failed
+    assert f'in <a href="/s/{big.id}">big</a>' in failed  # a child says whose it is
+    only_b = c.get("/?status=failed&model=m/b").text
+    assert re.findall(r'data-id="([^"]+)"', only_b) == [kids[200].id]
+    assert re.search(r'id="count-failed"[^>]*>1 failed<', c.get("/?model=m/b").text)  # counts follow the filters
+    assert c.get("/?status=failed&model=m/*").text.count('<tr class="st-failed"') == 4
+    assert "250 matching" in c.get("/?name=big.*").text
+    assert c.get("/?name=r29&status=failed").text.count("<tr class=") == 1  # text: anywhere in the name
+    assert c.get("/?since=1h").text.count("<tr class=") == 200
+    assert "no session matches these filters" in c.get("/?until=2000-01-01").text
+    for path, word in (("/?status=broken", "status"), ("/?since=yesterday", "since"),
+                       ("/events/tree?status=nope", "status")):
+        r = c.get(path)
+        assert r.status_code == 400 and word in r.text, path

@@ -17,7 +17,7 @@ from conftest import BackgroundRunner, configure, run_once, wait_for
 
 from primefs.goals import write_goal
 from primefs.harness import Harness
-from primefs.session import list_sessions
+from primefs.session import create_session, list_sessions
 
 pytestmark = pytest.mark.netns
 
@@ -107,6 +107,21 @@ def test_tree_updates_live_while_a_goal_runs(sws, page):
         row = page.locator(f'tr[data-id="{s.id}"]')
         assert "turn_end: idle" in row.locator("td.last").inner_text()
         assert page.evaluate("window.notReloaded") is True  # all of it came over the stream
+
+
+def test_filter_the_tree_and_its_counts_follow_live(sws, page):
+    create_session(sws.sessions, task="t", name="alpha", model="m/a")
+    beta = create_session(sws.sessions, task="t", name="beta", model="m/b")
+    with served(sws.root) as url:
+        page.goto(url)
+        page.select_option("#f-status", "failed")
+        page.click("#f-go")
+        page.wait_for_selector("#live.on")
+        assert "status=failed" in page.url and "no session matches" in page.inner_text("#rows")
+        assert page.inner_text("#count-all") == "all 2" and page.inner_text("#count-failed") == "0 failed"
+        beta.set_status("failed", error="boom")
+        page.wait_for_selector(f'tr[data-id="{beta.id}"] .badge.failed')  # through the stream, filtered
+        assert page.locator("tr[data-id]").count() == 1 and page.inner_text("#count-failed") == "1 failed"
 
 
 def test_session_page_shows_a_cell_output_as_it_appears(sws, page, tmp_path):

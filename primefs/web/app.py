@@ -26,7 +26,7 @@ from ..errors import PrimefsError
 from ..harness import revert
 from ..live import HistoryReader
 from ..mail import deliver
-from . import pages
+from . import listing, pages
 from .index import WorkspaceIndex
 from .render import Renderer
 from .security import Guard, checked_form, csrf_token
@@ -85,8 +85,15 @@ def _int(request: Request, name: str, default: int | None = None) -> int | None:
 
 
 # -- pages --------------------------------------------------------------------------------------------
+def _filters(request: Request) -> dict:
+    try:
+        return listing.filters_of(request.query_params)
+    except PrimefsError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
 def tree(request: Request):
-    ctx = pages.tree_page(request.app.state.pf, _int(request, "page", 1))
+    ctx = pages.tree_page(request.app.state.pf, _int(request, "page", 1), _filters(request))
     return _page(request, "tree.html", ctx, "Sessions")
 
 
@@ -195,7 +202,7 @@ def _sse(gen) -> StreamingResponse:
 
 def tree_events(request: Request):
     state: State = request.app.state.pf
-    page = _int(request, "page", 1)
+    page, filters = _int(request, "page", 1), _filters(request)
     last = {"version": None, "rows": None, "summary": None}
 
     def step():
@@ -203,7 +210,7 @@ def tree_events(request: Request):
         if version == last["version"]:
             return []
         last["version"] = version
-        parts = pages.tree_parts(state, page)
+        parts = pages.tree_parts(state, page, filters)
         out = []
         for target, template in (("rows", "_tree_rows.html"), ("summary", "_tree_summary.html")):
             html = state.renderer.page(template, **parts)

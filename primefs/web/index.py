@@ -89,7 +89,7 @@ class WorkspaceIndex:
         self.lock = threading.RLock()
         self._last = 0.0
         self._took = 0.0
-        self._tree_cache: dict[str, dict] = {}
+        self._cache: dict = {}  # what pages computed from this version: tree usage, the tree page's lists
 
     # -- reading ----------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> int:
@@ -108,7 +108,7 @@ class WorkspaceIndex:
                 self.runner, changed = summary, True
             if changed:
                 self.version += 1
-                self._tree_cache = {}
+                self._cache = {}
             self._last = time.monotonic()
             self._took = self._last - now
             return self.version
@@ -159,14 +159,20 @@ class WorkspaceIndex:
     def own(self, sid: str) -> dict:
         return self.tracks[sid].usage()
 
+    def cached(self, key, make):
+        """make(), kept until the next change: pages and streams that ask the same share one answer."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
     def tree(self, sid: str) -> dict:
-        """Usage of `sid` and all its descendants (cached until the next change)."""
-        if sid not in self._tree_cache:
-            total = self.own(sid)
+        """Usage of `sid` and all its descendants."""
+        def total():
+            out = self.own(sid)
             for child in self.descendants(sid)[1:]:
-                total = add(total, self.own(child))
-            self._tree_cache[sid] = total
-        return self._tree_cache[sid]
+                out = add(out, self.own(child))
+            return out
+        return self.cached(("tree", sid), total)
 
     def descendants(self, sid: str) -> list[str]:
         """`sid`, then its descendants depth first, children in creation order (hand-made cycles cut)."""

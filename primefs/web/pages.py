@@ -1,7 +1,6 @@
 """What each page shows, as template contexts: all reading, no writing (actions are in app.py)."""
 from __future__ import annotations
 
-import math
 import re
 import subprocess
 
@@ -11,10 +10,10 @@ from ..harness import Harness
 from ..harnessgit import HarnessGit
 from ..mail import new_files
 from ..session import Session
-from . import charts, evals
+from ..settings import STATUSES
+from . import charts, evals, listing
 from .timeline import line_end, tail_events
 
-PER_PAGE = 200  # tree rows per page
 EVENTS = 200  # timeline events per page
 TOP_SERIES = 7  # chart lines; the rest are summed as "others"
 DIFF_LINES, DIFF_BYTES = 4000, 400_000
@@ -25,21 +24,26 @@ def valid_sid(sid: str) -> bool:
     return bool(NAME_RE.match(sid or "")) and ".." not in sid
 
 
-def tree_page(state, page: int) -> dict:
-    index = state.index
-    index.refresh(force=True)  # a page shows what is there now; live streams share throttled looks
-    pages = max(1, math.ceil(len(index.order) / PER_PAGE))
-    page = min(max(1, page), pages)
-    return {"page": page, "pages": pages, **tree_parts(state, page)}
+def tree_page(state, page: int, filters: dict) -> dict:
+    state.index.refresh(force=True)  # a page shows what is there now; live streams share throttled looks
+    parts = tree_parts(state, page, filters)
+    models = sorted({str(m.get("model")) for m in state.index.meta.values() if m.get("model")})
+    return {**parts, "models": models[:200], "statuses": STATUSES, "live_query": listing.query(filters, page=parts["page"])}
 
 
-def tree_parts(state, page: int) -> dict:
-    """The live parts of the tree page: summary line and rows."""
+def tree_parts(state, page: int, filters: dict) -> dict:
+    """The live parts of the tree page: summary line (with the counts) and rows."""
     index = state.index
     with index.lock:
-        ids = index.order[(page - 1) * PER_PAGE: page * PER_PAGE]
+        found = listing.listing(index, filters)
+        pages = found["pages"]
+        page = min(max(1, page), len(pages))
+        ids = pages[page - 1]
+        continued = page > 1 and bool(ids) and ids[0] in pages[page - 2]  # a big tree, from the page before
         return {"rows": [index.row(sid) for sid in ids], "runner": index.runner, "total": index.total,
-                "problems": sorted(index.problems.items())[:50]}
+                "problems": sorted(index.problems.items())[:50], "page": page, "pages": len(pages),
+                "continued": continued, "counts": found["counts"], "matched": found["matched"],
+                "filters": filters, "query": lambda **more: listing.query(filters, **more), "names": index.names}
 
 
 def session_head(state, sid: str) -> dict:
