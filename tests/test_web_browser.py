@@ -217,3 +217,33 @@ def test_usage_and_eval_pages_draw_their_charts(sws, page, tmp_path):
         assert page.locator("#chart-score circle").count() == 1
         assert page.inner_text("#runs td.score") == "0.500"
         shot(page, tmp_path, "evals")
+
+
+def test_every_page_fits_a_phone(sws, browser, tmp_path):
+    """390 px wide: no page scrolls sideways, and every button is on the screen."""
+    (sws.root / "script.yaml").write_text(
+        "rules:\n  - match: '^sub'\n    replies:\n      - text: 'child answer'\n"
+        "default:\n  - code: \"print([rlm('sub %d' % i).wait() for i in range(3)])\"\n  - text: 'done'\n")
+    write_goal(sws, "fan out to some children with a long task text " * 3, name="a-rather-long-root-name")
+    run_once(sws)
+    sha = Harness(sws).put("note", "be-brief", "Answer in one line. " * 20, source="user", description="style " * 10)
+    run = sws.root / "eval-runs" / "a-run-with-a-long-name"
+    run.mkdir(parents=True)
+    (run / "results.jsonl").write_text(
+        '{"id": "item-1", "score": 1, "answer": "%s", "expected": "x", "cost_usd": 0.01}\n' % ("long " * 40))
+    root = session_named(sws, "a-rather-long-root-name")
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    pg = context.new_page()
+    try:
+        with served(sws.root) as url:
+            for path in ("/", f"/s/{root.id}", "/usage", f"/usage?session={root.id}", "/harness",
+                         f"/harness/c/{sha}", "/evals", "/evals/run?root=0&path=a-run-with-a-long-name"):
+                go(pg, url, path)
+                width = pg.evaluate("document.documentElement.scrollWidth")
+                assert width <= 390, (path, width)
+                for button in pg.locator("button").all():
+                    box = button.bounding_box()
+                    assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, (path, box)
+                shot(pg, tmp_path, "phone-" + (path.strip("/").split("?")[0].replace("/", "-") or "tree"))
+    finally:
+        context.close()
