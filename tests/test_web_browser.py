@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -122,6 +123,34 @@ def test_filter_the_tree_and_its_counts_follow_live(sws, page):
         beta.set_status("failed", error="boom")
         page.wait_for_selector(f'tr[data-id="{beta.id}"] .badge.failed')  # through the stream, filtered
         assert page.locator("tr[data-id]").count() == 1 and page.inner_text("#count-failed") == "1 failed"
+
+
+def test_an_open_page_goes_live_again_when_serve_restarts(sws, browser):
+    with socket.socket() as probe:  # a port to serve on twice
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    context = browser.new_context()
+    page = context.new_page()  # not the fixture's: the refused stream is a console error, on purpose
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.set_default_timeout(20000)
+    with served(sws.root, "--port", port) as url:
+        page.goto(url)
+        page.wait_for_selector("#live.on")
+    page.wait_for_selector("#live.off")  # the server is gone: the browser tries again
+    with served(sws.root, "--port", port) as again:
+        assert again == url  # the same token: the open page is let in
+        page.wait_for_selector("#live.on")
+        s = create_session(sws.sessions, task="t", name="after", model="m")
+        page.wait_for_selector(f'tr[data-id="{s.id}"]')  # live again, without a reload
+    with served(sws.root, "--port", port, "--new-token") as other:
+        assert other != url
+        page.wait_for_selector("#live.off >> text=disconnected: open the URL primefs serve printed")
+        other_tab = page.context.new_page()
+        other_tab.goto(other)  # the new URL, opened in another tab, sets the new token's cookie
+        page.wait_for_selector("#live.on", timeout=15000)  # and the old page comes back with it
+    context.close()
+    assert not errors, errors
 
 
 def test_session_page_shows_a_cell_output_as_it_appears(sws, page, tmp_path):
