@@ -276,3 +276,30 @@ def test_every_page_fits_a_phone(sws, browser, tmp_path):
                 shot(pg, tmp_path, "phone-" + (path.strip("/").split("?")[0].replace("/", "-") or "tree"))
     finally:
         context.close()
+
+
+def test_eval_chart_labels_are_whole_and_apart(sws, page, tmp_path):
+    """Runs of nearly the same score and cost, one at the top score: each label whole, inside the chart,
+    on no other."""
+    names = [f"run-{i}-with-a-name-long-enough-to-matter" for i in range(5)]
+    for name, (score, cost) in zip(names, [(1.0, 0.010), (1.0, 0.0101), (0.98, 0.0102), (0.5, 0.03), (0.0, 0.0)]):
+        folder = sws.root / "eval-runs" / name
+        folder.mkdir(parents=True)
+        (folder / "results.jsonl").write_text(f'{{"id": "i", "score": {score}, "cost_usd": {cost}}}\n')
+    with served(sws.root) as url:
+        go(page, url, "/evals")
+        found = page.evaluate("""() => {
+            const svg = document.querySelector('#chart-score svg'), vb = svg.viewBox.baseVal;
+            return {vb: [vb.x, vb.y, vb.width, vb.height], labels: [...svg.querySelectorAll('text.label')].map(
+                t => { const b = t.getBBox(); return {x: b.x, y: b.y, w: b.width, h: b.height, text: t.textContent}; })};
+        }""")
+        shot(page, tmp_path, "eval-labels")
+    x0, y0, width, height = found["vb"]
+    labels = found["labels"]
+    assert sorted(label["text"] for label in labels) == names
+    for a in labels:
+        assert x0 <= a["x"] and a["x"] + a["w"] <= x0 + width and y0 <= a["y"] and a["y"] + a["h"] <= y0 + height, a
+        for b in labels:
+            apart = (a["x"] + a["w"] <= b["x"] or b["x"] + b["w"] <= a["x"] or a["y"] + a["h"] <= b["y"]
+                     or b["y"] + b["h"] <= a["y"])
+            assert a is b or apart, (a, b)
