@@ -300,3 +300,15 @@ def test_a_failed_session_is_found_among_many(ws):
                        ("/events/tree?status=nope", "status")):
         r = c.get(path)
         assert r.status_code == 400 and word in r.text, path
+
+
+def test_trees_of_the_same_name_are_told_apart_on_the_usage_page(ws):
+    same = [create_session(ws.sessions, task="t", name="report", model="m") for _ in range(2)]
+    for i, s in enumerate(same):
+        s.history.append("model_call", model="m", input_tokens=100 * (i + 1), output_tokens=1, cost_usd=0.0)
+    page = client(ws).get("/usage").text
+    legend = re.findall(r'<li><span class="key[^"]*"></span>([^<]*)</li>', page)
+    assert len(legend) == 2 == len(set(legend)) == 2 and all(s.id in "".join(legend) for s in same)
+    rows = re.findall(r"<tr><td>(.*?)</td>", page.split('id="usage-table"')[1], re.S)
+    shown = [re.sub(r"<[^>]+>|\s+", " ", row).strip() for row in rows]
+    assert len(shown) == 2 and shown[0] != shown[1] and all(any(s.id in x for x in shown) for s in same)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections import Counter
 
 from ..fsutil import NAME_RE
 from ..gitops import git_env
@@ -84,6 +85,12 @@ def usage_page(state, focus: str | None) -> dict | None:
         return _usage(index, focus)
 
 
+def _labels(index, sids: list[str]) -> dict[str, str]:
+    """What a chart calls each session: its name, and its id too where another shown has that name."""
+    count = Counter(index.names[sid] for sid in sids)
+    return {sid: index.names[sid] if count[index.names[sid]] == 1 else f"{index.names[sid]} ({sid})" for sid in sids}
+
+
 def _usage(index, focus: str | None) -> dict | None:
     if focus is not None:
         if focus not in index.meta:
@@ -91,14 +98,16 @@ def _usage(index, focus: str | None) -> dict | None:
         members = index.descendants(focus)
         rows = [dict(index.row(sid), size=1) for sid in members[:500]]
         top = sorted(members, key=lambda sid: -index.tracks[sid].usage()["tokens"])
-        groups = [(index.names[sid], [sid]) for sid in top[:TOP_SERIES]]
-        share = charts.bars([(index.names[sid], index.tracks[sid].usage()["tokens"]) for sid in top[:25]])
+        label = _labels(index, top[:25])
+        groups = [(label[sid], [sid]) for sid in top[:TOP_SERIES]]
+        share = charts.bars([(label[sid], index.tracks[sid].usage()["tokens"]) for sid in top[:25]])
         more = len(members) - len(rows)
         cost_unknown = index.tree(focus)["cost_unknown_calls"]
     else:
         roots = sorted(index.roots, key=lambda sid: -index.tree(sid)["tokens"])
         rows = [dict(index.row(sid), size=len(index.descendants(sid))) for sid in roots[:200]]
-        groups = [(index.names[sid], index.descendants(sid)) for sid in roots[:TOP_SERIES]]
+        label = _labels(index, roots[:TOP_SERIES])
+        groups = [(label[sid], index.descendants(sid)) for sid in roots[:TOP_SERIES]]
         share, more, cost_unknown = None, max(0, len(roots) - 200), index.total["cost_unknown_calls"]
         top = roots
     rest = [sid for root in top[TOP_SERIES:] for sid in (index.descendants(root) if focus is None else [root])]
