@@ -209,11 +209,11 @@ def test_revert_a_harness_commit(sws, page, tmp_path):
     with served(sws.root) as url:
         go(page, url, "/harness")
         shot(page, tmp_path, "harness")
-        page.click(f'tr[data-sha="{sha}"] button.revert')
+        page.get_by_role("button", name=f"Revert {sha[:10]} note/be-brief", exact=True).click()  # each says which
         page.wait_for_selector("#note")
         assert "Reverted with a new commit" in page.inner_text("#note")
         assert page.locator(f'tr[data-sha="{sha}"] button.revert').count() == 0
-        assert page.locator(f'tr[data-sha="{keep}"] button.revert').count() == 1
+        assert page.get_by_role("button", name=f"Revert {keep[:10]} memory/py-math", exact=True).count() == 1
         assert not (sws.harness / "notes" / "be-brief.md").exists()
         head = subprocess.run(["git", "-C", str(sws.root), "log", "-1", "--format=%B"], capture_output=True,
                               text=True).stdout
