@@ -28,6 +28,10 @@ rules:
     replies:
       - code: "import time\\ntime.sleep(3)\\nprint('slow-output-' + str(6 + 1))"
       - text: "slow answer"
+  - match: "^Hold"
+    replies:
+      - code: "import os, time\\nwhile not os.path.exists('go'):\\n    time.sleep(0.05)\\nprint('held-output-' + str(6 + 1))"
+      - text: "held answer"
   - match: "^Forever"
     replies:
       - code: "import time\\ntime.sleep(60)"
@@ -157,19 +161,20 @@ def test_session_page_shows_a_cell_output_as_it_appears(sws, page, tmp_path):
     with served(sws.root) as url:
         page.goto(url)
         with BackgroundRunner(sws):
-            write_goal(sws, "Slowly compute something", name="slow")
-            s = wait_for(lambda: session_named(sws, "slow"), what="the session")
-            go(page, url, f"/s/{s.id}")  # its reply comes on the page or through the stream: its cell runs 3 s
+            write_goal(sws, "Hold on until told", name="held")
+            s = wait_for(lambda: session_named(sws, "held"), what="the session")
+            go(page, url, f"/s/{s.id}")  # its reply comes on the page or through the stream; its cell waits
             running = page.wait_for_selector(".ev-cell.running")  # at once: the code and a running sign
-            assert running.query_selector("pre.code").inner_text().startswith("import time")
+            assert running.query_selector("pre.code").inner_text().startswith("import os, time")
             assert "running" in running.query_selector(".sign").inner_text()
+            (s.dir / "work" / "go").write_text("")  # the cell ends
             out = page.wait_for_selector(".ev-cell pre.out", timeout=30000)
-            assert out.inner_text().strip() == "slow-output-7"
+            assert out.inner_text().strip() == "held-output-7"
             assert page.locator(".ev-cell").count() == 1  # the finished cell took the running one's place
-            assert page.locator(".ev-cell pre.code").inner_text().startswith("import time")
+            assert page.locator(".ev-cell pre.code").inner_text().startswith("import os, time")
             page.wait_for_selector("#status.idle", timeout=30000)  # the header follows too
             page.wait_for_selector("#result")
-            assert page.inner_text("#result") == "slow answer"
+            assert page.inner_text("#result") == "held answer"
             shot(page, tmp_path, "session")
 
 
