@@ -32,7 +32,7 @@ class Track:
     """One session's history as summary.py counts it (the same fold as `primefs usage`), fed by the bytes
     appended since the last look, plus what only the web view shows: its kernel and its calls over time."""
 
-    __slots__ = ("path", "summary", "kernel", "points")
+    __slots__ = ("path", "summary", "kernel", "points", "_usage")
 
     def __init__(self, path):
         self.path = path
@@ -40,11 +40,14 @@ class Track:
         self.kernel: dict | None = None  # the last `kernel` event: where its kernel runs
         # ts and the session's tokens and cost so far, at every model call, flat: compact for big workspaces
         self.points = array("d")
+        self._usage: dict | None = None
 
     def update(self) -> bool:
         changed = summaries.follow(self.summary, self.path, self._each)
-        if changed and self.summary["events"] == 0:  # emptied or gone: nothing counted
-            self.kernel, self.points = None, array("d")
+        if changed:
+            self._usage = None
+            if self.summary["events"] == 0:  # emptied or gone: nothing counted
+                self.kernel, self.points = None, array("d")
         return changed
 
     def _each(self, start: int, end: int, e) -> None:
@@ -67,8 +70,11 @@ class Track:
         return self.summary["last"]
 
     def usage(self) -> dict:
-        u = summaries.usage(self.summary)
-        return {**u, "tokens": u["input_tokens"] + u["output_tokens"]}
+        """Its usage as `primefs usage` gives it, plus tokens; made once per change (read it, never change it)."""
+        if self._usage is None:
+            u = summaries.usage(self.summary)
+            self._usage = {**u, "tokens": u["input_tokens"] + u["output_tokens"]}
+        return self._usage
 
 
 class WorkspaceIndex:
