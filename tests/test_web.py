@@ -166,7 +166,8 @@ def test_usage_page_sums_like_primefs_usage(ws):
     for path in ("/", f"/s/{child.id}", "/usage"):
         assert c.get(path).status_code == 200, path
     page = c.get(f"/usage?session={root.id}").text
-    assert f"{tree['calls']} calls · {tree['input_tokens'] + tree['output_tokens']:,} tokens · ${tree['cost_usd']:.4f}" in page
+    tokens = tree["input_tokens"] + tree["output_tokens"]
+    assert f"{tree['calls']} calls · {tokens:,} tokens · ${tree['cost_usd']:.4f}" in page
     assert page.count("<svg") >= 2 and "<polyline" in page and "root.3" in page
     overview = c.get("/usage").text
     assert f"/usage?session={root.id}" in overview and "<polyline" in overview
@@ -285,6 +286,7 @@ def test_a_failed_session_is_found_among_many(ws):
         assert ids and len(ids) <= 200 and parents[ids[0]] is None, page  # every page starts at a root
         starts.append(ids[0])
     assert starts.count(big.id) == 2  # the tree bigger than a page: two pages, each from its root
+    assert "(continued)" in c.get(f"/?page={starts.index(big.id) + 2}").text
     failed = c.get("/?status=failed").text
     assert failed.count('<tr class="st-failed"') == 4 and "4 matching" in failed
     assert f'in <a href="/s/{big.id}">big</a>' in failed  # a child says whose it is

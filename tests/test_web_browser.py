@@ -295,8 +295,9 @@ def test_eval_chart_labels_are_whole_and_apart(sws, page, tmp_path):
         go(page, url, "/evals")
         found = page.evaluate("""() => {
             const svg = document.querySelector('#chart-score svg'), vb = svg.viewBox.baseVal;
-            return {vb: [vb.x, vb.y, vb.width, vb.height], labels: [...svg.querySelectorAll('text.label')].map(
-                t => { const b = t.getBBox(); return {x: b.x, y: b.y, w: b.width, h: b.height, text: t.textContent}; })};
+            const box = (t) => { const b = t.getBBox(); return {x: b.x, y: b.y, w: b.width, h: b.height}; };
+            return {vb: [vb.x, vb.y, vb.width, vb.height],
+                    labels: [...svg.querySelectorAll('text.label')].map(t => ({...box(t), text: t.textContent}))};
         }""")
         shot(page, tmp_path, "eval-labels")
     x0, y0, width, height = found["vb"]

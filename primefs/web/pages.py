@@ -29,7 +29,8 @@ def tree_page(state, page: int, filters: dict) -> dict:
     state.index.refresh(force=True)  # a page shows what is there now; live streams share throttled looks
     parts = tree_parts(state, page, filters)
     models = sorted({str(m.get("model")) for m in state.index.meta.values() if m.get("model")})
-    return {**parts, "models": models[:200], "statuses": STATUSES, "live_query": listing.query(filters, page=parts["page"])}
+    return {**parts, "models": models[:200], "statuses": STATUSES,
+            "live_query": listing.query(filters, page=parts["page"])}
 
 
 def tree_parts(state, page: int, filters: dict) -> dict:
