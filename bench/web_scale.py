@@ -70,7 +70,8 @@ def main(n: int, m: int, long: int) -> None:
     c = TestClient(app)
     c.cookies.set("primefs_token_80", "t")
     timed("GET / (first: builds the server's index)", lambda: c.get("/"))
-    for path in ("/", f"/s/{big.id}", f"/s/{parents[0].id}", "/usage", f"/usage?session={parents[0].id}"):
+    for path in ("/", "/?page=2", "/?status=idle&name=s1*", f"/s/{big.id}", f"/s/{parents[0].id}", "/usage",
+                 f"/usage?session={parents[0].id}"):
         r = timed(f"GET {path[:40]}", lambda: c.get(path))
         assert r.status_code == 200, (path, r.status_code)
 

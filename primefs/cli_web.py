@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
+import re
 import secrets
 import socket
 import threading
@@ -12,6 +14,7 @@ import click
 
 from .cliopts import workspace, ws_option
 from .errors import PrimefsError
+from .fsutil import read_regular, write_atomic
 
 
 def is_loopback(host: str) -> bool:
@@ -45,17 +48,35 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def access_token(ws, new: bool = False) -> str:
+    """The token of the URL: kept in the runtime folder (this user's only, hidden from sandboxed kernels)
+    so that a restarted `serve` takes the pages still open back; `new` makes another one."""
+    path = ws.runtime / "serve-token"
+    if not new:
+        try:
+            token = read_regular(path).strip()
+            if re.fullmatch(r"[A-Za-z0-9_-]{32}", token):
+                return token
+        except OSError:
+            pass
+    token = secrets.token_urlsafe(24)
+    write_atomic(path, token + "\n", durable=False)
+    os.chmod(path, 0o600)
+    return token
+
+
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback unless "
               "--allow-remote).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
               help="Port to listen on (0: any free port).")
 @click.option("--allow-remote", is_flag=True, help="Allow a --host that is not a loopback address.")
+@click.option("--new-token", is_flag=True, help="Make a new access token: pages opened with the old one are refused.")
 @click.option("--evals", "eval_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
               help="Also list eval runs under DIR (repeatable; default: eval-runs/ in the workspace and here).")
 @ws_option
 @click.pass_context
-def serve(ctx, host, port, allow_remote, eval_dirs):
+def serve(ctx, host, port, allow_remote, new_token, eval_dirs):
     """A web view of the workspace: the session tree live, sessions, usage, harness, eval runs.
 
     Prints the page's URL with its access token; Ctrl-C stops. See docs/web.md.
@@ -77,7 +98,7 @@ def serve(ctx, host, port, allow_remote, eval_dirs):
             roots.append(default.resolve())
     sock = bind(host, port)
     port = sock.getsockname()[1]
-    token = secrets.token_urlsafe(24)
+    token = access_token(ws, new_token)
     app = make_app(ws, token, port=port, allowed_hosts=None if allow_remote else loopback_hosts(host, port),
                    eval_roots=roots)
     # read the workspace now, while the URL is being opened: a big one takes seconds the first time

@@ -25,16 +25,24 @@ def _ts(e: dict) -> str:
         return "??:??:??"
 
 
-def _code_of(call: dict) -> str:
+def code_of(call: dict) -> str:
     try:
         return json.loads(call.get("arguments") or "{}").get("code", "")
     except (ValueError, AttributeError):
         return str(call.get("arguments") or "")
 
 
-def _fields(e: dict) -> str:
+def fields(e: dict) -> str:
+    """An event of a type we have no words for, as its fields (`key: value, ...`, values as JSON)."""
     rest = {k: v for k, v in e.items() if k not in ("ts", "type", "n")}
     return ", ".join(f"{k}: {v if isinstance(v, str) else json.dumps(v, default=str)}" for k, v in rest.items())
+
+
+def restored_text(e: dict) -> str:
+    """What a `restored` event says came back from the snapshot, and what did not."""
+    back = ", ".join(e.get("restored", []) + [f"{m} (module)" for m in e.get("modules", [])]) or "nothing"
+    missing = e.get("failed", []) + e.get("skipped", [])
+    return back + (f"; not restored: {', '.join(missing)}" if missing else "")
 
 
 class EventPrinter:
@@ -94,7 +102,7 @@ class EventPrinter:
         t = e.get("type")
         method = getattr(self, f"_{t}", None)
         if method is None:
-            self.head(e, str(t), "dim", _fields(e))
+            self.head(e, str(t), "dim", fields(e))
         else:
             method(e)
 
@@ -159,7 +167,7 @@ class EventPrinter:
         self.prose(text[at:].strip("\n"))
         for call in e.get("calls") or []:
             if call.get("name") == "python":
-                self.verbatim(_code_of(call), "cyan")
+                self.verbatim(code_of(call), "cyan")
             else:
                 self.verbatim(f"[call of {call.get('name')}: {call.get('arguments')}]", "cyan")
 
@@ -226,9 +234,7 @@ class EventPrinter:
         if e.get("error"):
             self.head(e, "restore failed", "red", e["error"])
             return
-        back = ", ".join(e.get("restored", []) + [f"{m} (module)" for m in e.get("modules", [])]) or "nothing"
-        missing = e.get("failed", []) + e.get("skipped", [])
-        self.head(e, "restored", "dim", back + (f"; not restored: {', '.join(missing)}" if missing else ""))
+        self.head(e, "restored", "dim", restored_text(e))
 
     def _snapshot(self, e):
         if e.get("error"):

@@ -124,7 +124,8 @@ def read_history(s: dict, f, size: int, each=None) -> None:
     s["check"] = check_at(f, s["offset"])
 
 
-def _history(s: dict, path: Path) -> bool:
+def follow(s: dict, path: Path, each=None) -> bool:
+    """Bring `s` up to date with the history at `path` (read_history); False if it had not changed."""
     key = stat_key(path)
     if key == s["history"]:
         return False
@@ -136,7 +137,7 @@ def _history(s: dict, path: Path) -> bool:
         _forget_history(s)  # another file, or changed in place without growing: not an append, count again
     try:
         with open_regular(path) as f:
-            read_history(s, f, key[2])
+            read_history(s, f, key[2], each)
     except OSError:
         return False
     s["history"] = key
@@ -229,7 +230,7 @@ def fresh(folder: Path, prev: dict | None = None, *, meta: dict | None = None, m
         if s is None:
             s = empty(folder.name)
         try:
-            changed = _history(s, folder / "history.jsonl") | changed
+            changed = follow(s, folder / "history.jsonl") | changed
             changed = _meta(s, folder, meta, meta_key) | changed
             break
         except (TypeError, KeyError, ValueError, AttributeError, IndexError):  # a summary edited by hand

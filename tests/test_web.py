@@ -106,6 +106,8 @@ def test_broken_files_never_break_a_page(ws):
         f.write('{"ts": 3, "type": "message", "n": 2}\n')
         f.write('{"ts": 4, "type": "invented_event", "n": 3, "x": {"y": 1}}\n')
         f.write('{"ts": 5, "type": "result", "n": 4, "text": "after the junk"}\n')
+        f.write('{"ts": 5, "type": "restored", "n": 6, "restored": ["df", "rows"], "modules": ["numpy"], '
+                '"failed": ["conn"], "skipped": []}\n')
         f.write('{"ts": 6, "type": "cell", "n": 5, "code": "tor')  # torn last line
     (odd.dir / "session.yaml").write_text((odd.dir / "session.yaml").read_text() + "parent_extra: [1, 2]\n")
     c = client(ws)
@@ -118,7 +120,9 @@ def test_broken_files_never_break_a_page(ws):
     assert page.status_code == 200 and "session.yaml cannot be read" in page.text
     page = c.get(f"/s/{odd.id}")
     assert page.status_code == 200 and "odd task" in page.text and "after the junk" in page.text
-    assert "invented_event" in page.text
+    assert "invented_event" in page.text and "x: {&#34;y&#34;: 1}" in page.text  # as `primefs log` says it
+    assert "restored df, rows, numpy (module); not restored: conn" in page.text
+    assert "(&#39;" not in page.text  # never Python's spelling of a tuple
     for path in ("/usage", f"/usage?session={good.id}", "/harness", "/evals"):
         assert c.get(path).status_code == 200, path
     assert c.get("/s/..%2F..%2Fetc").status_code == 404
@@ -151,10 +155,19 @@ def test_usage_page_sums_like_primefs_usage(ws):
     write_goal(ws, "fan out", name="root")
     run_once(ws)
     root = next(s for s in list_sessions(ws.sessions) if s.name == "root")
+    child = next(s for s in list_sessions(ws.sessions) if s.meta.get("parent") == root.id)
+    with open(child.dir / "history.jsonl", "a") as f:  # written by hand: no numbers where numbers belong
+        f.write(json.dumps({"ts": "later", "type": "model_call", "n": 90, "model": "m", "input_tokens": "many",
+                            "output_tokens": 7, "cost_usd": "free", "cost_known": True}) + "\n")
     tree = UsageIndex(ws.sessions).tree(root.id)
+    cli = json.loads(CliRunner().invoke(main, ["-w", str(ws.root), "usage", root.id, "--json"]).output)["tree"]
+    assert cli == tree and tree["output_tokens"] >= 7
     c = client(ws)
+    for path in ("/", f"/s/{child.id}", "/usage"):
+        assert c.get(path).status_code == 200, path
     page = c.get(f"/usage?session={root.id}").text
-    assert f"{tree['calls']} calls · {tree['input_tokens'] + tree['output_tokens']:,} tokens" in page
+    tokens = tree["input_tokens"] + tree["output_tokens"]
+    assert f"{tree['calls']} calls · {tokens:,} tokens · ${tree['cost_usd']:.4f}" in page
     assert page.count("<svg") >= 2 and "<polyline" in page and "root.3" in page
     overview = c.get("/usage").text
     assert f"/usage?session={root.id}" in overview and "<polyline" in overview
@@ -214,3 +227,90 @@ def test_serve_refuses_remote_hosts_and_busy_ports(ws):
         assert r.exit_code == 1 and "is in use" in r.output and "Traceback" not in r.output
     finally:
         busy.close()
+
+
+def test_bad_input_is_a_clear_4xx_never_a_500(ws, tmp_path):
+    s = create_session(ws.sessions, task="t", name="s", model="scripted/x.yaml")
+    s.history.append("notice", text="the last word")
+    run = tmp_path / "eval-runs" / "odd"
+    run.mkdir(parents=True)
+    rows = [{"id": "no-cost", "score": 1, "input_tokens": 10, "output_tokens": 2},
+            {"id": "odd-types", "score": "high", "input_tokens": "ten", "cost_usd": None, "mode": ["a"],
+             "session": ["x"], "calls": {}}]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = client(ws, eval_roots=[tmp_path / "eval-runs"])
+    page = c.get(f"/s/{s.id}?before=99999999999999999999999")  # past the end: the end
+    assert page.status_code == 200 and "the last word" in page.text
+    for path, word in ((f"/s/{s.id}?before=abc", "before"), ("/?page=2x", "page"), ("/events/tree?page=-1", "page")):
+        r = c.get(path)
+        assert r.status_code == 400 and word in r.text and "Traceback" not in r.text, path
+    assert c.get("/evals").status_code == 200
+    run_page = c.get("/evals/run?root=0&path=odd")
+    assert run_page.status_code == 200 and "no-cost" in run_page.text and "odd-types" in run_page.text
+
+
+def test_a_call_whose_cell_is_not_written_shows_its_code(ws):
+    s = create_session(ws.sessions, task="t", name="s", model="scripted/x.yaml")
+    call = {"id": "call_0", "name": "python", "arguments": json.dumps({"code": "print('first')"})}
+    s.history.append("assistant", text="", calls=[call])
+    s.history.append("cell", call_id="call_0", code="print('first')", output="first\n")
+    s.history.append("assistant", text="and again", calls=[dict(call, arguments=json.dumps({"code": "slow()"}))])
+    c = client(ws)
+    page = c.get(f"/s/{s.id}").text
+    pending = re.findall(r'<div class="ev ev-cell pending[^"]*" data-call="call_0">.*?</div>', page, re.S)
+    assert len(pending) == 1 and "slow()" in pending[0] and "print(" not in pending[0]
+    assert "no output recorded" in pending[0] and "running" not in pending[0]  # pending, not running
+    s.update(status="running")
+    page = c.get(f"/s/{s.id}").text
+    assert 'ev-cell pending running" data-call="call_0"' in page and "running…" in page
+    older = c.get(f"/s/{s.id}?before={(s.dir / 'history.jsonl').stat().st_size - 1}").text
+    assert "pending" not in older  # an older page: its cells come later
+
+
+def test_a_failed_session_is_found_among_many(ws):
+    """Filters (status, name, model, time) and counts by status; unfiltered pages start at a root."""
+    roots = [create_session(ws.sessions, task="t", name=f"r{i}", model="m/a") for i in range(300)]
+    big = create_session(ws.sessions, task="t", name="big", model="m/b")
+    kids = [create_session(ws.sessions, task="t", name=f"big.c{i}", model="m/b", parent=big.id) for i in range(250)]
+    for s in (roots[3], roots[150], roots[299], kids[200]):
+        s.set_status("failed", error="boom")
+    c = client(ws)
+    first = c.get("/").text
+    assert re.search(r'id="count-failed"[^>]*>4 failed<', first) and re.search(r">all 551<", first)
+    parents = {s.id: s.meta.get("parent") for s in [*roots, big, *kids]}
+    n = int(re.search(r"page 1 of (\d+)", first).group(1))
+    starts = []
+    for page in range(1, n + 1):
+        text = c.get(f"/?page={page}").text
+        ids = re.findall(r'<tr class="st-\w+" data-id="([^"]+)"', text)
+        assert ids and len(ids) <= 200 and parents[ids[0]] is None, page  # every page starts at a root
+        starts.append(ids[0])
+    assert starts.count(big.id) == 2  # the tree bigger than a page: two pages, each from its root
+    assert "(continued)" in c.get(f"/?page={starts.index(big.id) + 2}").text
+    failed = c.get("/?status=failed").text
+    assert failed.count('<tr class="st-failed"') == 4 and "4 matching" in failed
+    assert f'in <a href="/s/{big.id}">big</a>' in failed  # a child says whose it is
+    only_b = c.get("/?status=failed&model=m/b").text
+    assert re.findall(r'data-id="([^"]+)"', only_b) == [kids[200].id]
+    assert re.search(r'id="count-failed"[^>]*>1 failed<', c.get("/?model=m/b").text)  # counts follow the filters
+    assert c.get("/?status=failed&model=m/*").text.count('<tr class="st-failed"') == 4
+    assert "250 matching" in c.get("/?name=big.*").text
+    assert c.get("/?name=r29&status=failed").text.count("<tr class=") == 1  # text: anywhere in the name
+    assert c.get("/?since=1h").text.count("<tr class=") == 200
+    assert "no session matches these filters" in c.get("/?until=2000-01-01").text
+    for path, word in (("/?status=broken", "status"), ("/?since=yesterday", "since"),
+                       ("/events/tree?status=nope", "status")):
+        r = c.get(path)
+        assert r.status_code == 400 and word in r.text, path
+
+
+def test_trees_of_the_same_name_are_told_apart_on_the_usage_page(ws):
+    same = [create_session(ws.sessions, task="t", name="report", model="m") for _ in range(2)]
+    for i, s in enumerate(same):
+        s.history.append("model_call", model="m", input_tokens=100 * (i + 1), output_tokens=1, cost_usd=0.0)
+    page = client(ws).get("/usage").text
+    legend = re.findall(r'<li><span class="key[^"]*"></span>([^<]*)</li>', page)
+    assert len(legend) == 2 == len(set(legend)) == 2 and all(s.id in "".join(legend) for s in same)
+    rows = re.findall(r"<tr><td>(.*?)</td>", page.split('id="usage-table"')[1], re.S)
+    shown = [re.sub(r"<[^>]+>|\s+", " ", row).strip() for row in rows]
+    assert len(shown) == 2 and shown[0] != shown[1] and all(any(s.id in x for x in shown) for s in same)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..errors import PrimefsError
 from ..harness import revert
 from ..live import HistoryReader
 from ..mail import deliver
-from . import pages
+from . import listing, pages
 from .index import WorkspaceIndex
 from .render import Renderer
 from .security import Guard, checked_form, csrf_token
@@ -73,23 +74,33 @@ def _flash(request: Request) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _int(value, default=None):
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
+def _int(request: Request, name: str, default: int | None = None) -> int | None:
+    """A whole-number query parameter (a page, a byte offset); 400 if it is something else."""
+    value = request.query_params.get(name, "")
+    if not value:
         return default
+    if not re.fullmatch(r"[0-9]{1,30}", value):
+        raise HTTPException(400, f"{name}: {value[:40]!r} is not a whole number")
+    return int(value)
 
 
 # -- pages --------------------------------------------------------------------------------------------
+def _filters(request: Request) -> dict:
+    try:
+        return listing.filters_of(request.query_params)
+    except PrimefsError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
 def tree(request: Request):
-    ctx = pages.tree_page(request.app.state.pf, _int(request.query_params.get("page"), 1))
+    ctx = pages.tree_page(request.app.state.pf, _int(request, "page", 1), _filters(request))
     return _page(request, "tree.html", ctx, "Sessions")
 
 
 def session(request: Request):
     state: State = request.app.state.pf
     sid = request.path_params["sid"]
-    ctx = pages.session_page(state, sid, _int(request.query_params.get("before")))
+    ctx = pages.session_page(state, sid, _int(request, "before"))
     if ctx is None and pages.valid_sid(sid):  # a name: the newest session of that name
         state.index.refresh()
         match = [k for k, name in state.index.names.items() if name == sid]
@@ -117,7 +128,7 @@ def evals_list(request: Request):
 
 def eval_run(request: Request):
     q = request.query_params
-    ctx = pages.eval_run_page(request.app.state.pf, _int(q.get("root"), -1), q.get("path", ""))
+    ctx = pages.eval_run_page(request.app.state.pf, _int(request, "root", -1), q.get("path", ""))
     return _page(request, "eval_run.html", ctx, "Evals")
 
 
@@ -191,7 +202,7 @@ def _sse(gen) -> StreamingResponse:
 
 def tree_events(request: Request):
     state: State = request.app.state.pf
-    page = _int(request.query_params.get("page"), 1)
+    page, filters = _int(request, "page", 1), _filters(request)
     last = {"version": None, "rows": None, "summary": None}
 
     def step():
@@ -199,7 +210,7 @@ def tree_events(request: Request):
         if version == last["version"]:
             return []
         last["version"] = version
-        parts = pages.tree_parts(state, page)
+        parts = pages.tree_parts(state, page, filters)
         out = []
         for target, template in (("rows", "_tree_rows.html"), ("summary", "_tree_summary.html")):
             html = state.renderer.page(template, **parts)
@@ -217,9 +228,9 @@ def session_events(request: Request):
     if not pages.valid_sid(sid) or not (state.ws.sessions / sid).is_dir():
         raise HTTPException(404, "no such session")
     # a reconnecting EventSource says where it got to (the id of the last batch)
-    pos = _int(request.headers.get("last-event-id"), None)
-    reader = HistoryReader(state.ws.sessions / sid / "history.jsonl",
-                           pos if pos is not None else _int(request.query_params.get("pos"), 0))
+    last_id = request.headers.get("last-event-id", "")
+    pos = int(last_id) if last_id.isascii() and last_id.isdigit() else _int(request, "pos", 0)
+    reader = HistoryReader(state.ws.sessions / sid / "history.jsonl", pos)
     last = {"version": None, "head": None}
 
     def step():
@@ -228,7 +239,8 @@ def session_events(request: Request):
         version = state.index.refresh(force=bool(events))  # names of children just spawned, for links
         if events:
             skipped = len(events) - MAX_BATCH
-            html = state.renderer.events(events[-MAX_BATCH:], state.index.names)
+            running = state.index.meta.get(sid, {}).get("status") == "running"
+            html = state.renderer.events(events[-MAX_BATCH:], state.index.names, running)
             if skipped > 0:
                 html = f'<p class="flash note">{skipped} events not shown: reload for the full page</p>' + html
             out.append(_patch("events", str(html), "append", reader.pos))

@@ -40,12 +40,13 @@ def _time_label(ts: float, span: float) -> str:
     return label + f".{int(ts * 10) % 10}" if span < 20 else label  # short runs: tenths, or ticks repeat
 
 
-def _frame(title: str, y_ticks: list[float], y_unit: str, sy) -> list[str]:
-    out = [f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" aria-label="{escape(title)}">',
+def _frame(title: str, y_ticks: list[float], y_unit: str, sy, width: int = W, height: int = H,
+           right: float = W - PAD_R) -> list[str]:
+    out = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
            f"<title>{escape(title)}</title>"]
     for v in y_ticks:
         y = sy(v)
-        out.append(f'<line class="grid" x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        out.append(f'<line class="grid" x1="{PAD_L}" x2="{right:.1f}" y1="{y:.1f}" y2="{y:.1f}"/>')
         out.append(f'<text class="tick" x="{PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(fmt_number(v, y_unit))}</text>')
     return out
 
@@ -94,34 +95,62 @@ def line_chart(series: list[tuple[str, list[tuple[float, float]]]], title: str, 
     return Markup("".join(out) + f'<ul class="legend">{legend}</ul>')
 
 
+LABEL_CHARS, CHAR_W, LINE_H = 60, 6.8, 14  # label text: at most, width of a character (11 px, generous), line
+
+
 def scatter_chart(points: list[tuple[float, float, str]], title: str, x_label: str, x_unit: str = "") -> Markup:
-    """Labelled points: [(x, y, label), ...], y from 0 to at least 1 (scores; the caption names y)."""
+    """Labelled points: [(x, y, label), ...], y from 0 to at least 1 (scores; the caption names y).
+
+    Labels go in a column right of the plot, each at its point's height but never on another (spread
+    apart, drawn to their points by a line), and as long as they are (up to LABEL_CHARS): points of
+    nearly the same score and cost still have labels one can read."""
     if not points:
         return Markup(f'<p class="empty">{escape(title)}: no runs yet</p>')
+    labels = [label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…" for _, _, label in points]
+    right = W - PAD_R  # the plot's right edge; the labels' column follows
+    width = int(right + 24 + CHAR_W * max(len(label) for label in labels) + PAD_R)
+    height = max(H, PAD_T + PAD_B + LINE_H * (len(points) + 1))
     x_ticks = nice_ticks(max(p[0] for p in points))
     y_ticks = nice_ticks(max(1.0, max(p[1] for p in points)))
     x_hi, y_hi = x_ticks[-1] or 1, y_ticks[-1] or 1
 
     def sx(x):
-        return PAD_L + x / x_hi * (W - PAD_L - PAD_R)
+        return PAD_L + x / x_hi * (right - PAD_L)
 
     def sy(y):
-        return H - PAD_B - y / y_hi * (H - PAD_T - PAD_B)
+        return height - PAD_B - y / y_hi * (height - PAD_T - PAD_B)
 
-    out = _frame(title, y_ticks, "", sy)
+    out = _frame(title, y_ticks, "", sy, width, height, right)
     for j, v in enumerate(x_ticks):
         anchor = "end" if j == len(x_ticks) - 1 else "middle"
-        out.append(f'<text class="tick" x="{sx(v):.1f}" y="{H - PAD_B + 16}" text-anchor="{anchor}">'
+        out.append(f'<text class="tick" x="{sx(v):.1f}" y="{height - PAD_B + 16}" text-anchor="{anchor}">'
                    f"{escape(fmt_number(v, x_unit))}</text>")
-    out.append(f'<text class="axis" x="{W - PAD_R}" y="{H - 2}" text-anchor="end">{escape(x_label)}</text>')
-    for i, (x, y, label) in enumerate(points):
+    out.append(f'<text class="axis" x="{right}" y="{height - 2}" text-anchor="end">{escape(x_label)}</text>')
+    ys = _spread([sy(y) + 4 for _, y, _ in points], PAD_T + 9, height - PAD_B)
+    for i, ((x, y, label), shown, ly) in enumerate(zip(points, labels, ys)):
         out.append(f'<circle class="dot s{i % COLORS}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="5">'
                    f"<title>{escape(label)}: {y:.3f} at {escape(fmt_number(x, x_unit))}</title></circle>")
-        right = sx(x) > W * 0.7  # labels of points on the right go to their left, inside the frame
-        out.append(f'<text class="label" x="{sx(x) + (-7 if right else 7):.1f}" y="{sy(y) - 6:.1f}" '
-                   f'text-anchor="{"end" if right else "start"}">{escape(label[:40])}</text>')
+        out.append(f'<line class="lead s{i % COLORS}" x1="{sx(x) + 5:.1f}" y1="{sy(y):.1f}" x2="{right + 18}" '
+                   f'y2="{ly - 4:.1f}"/>')
+        whole = f"<title>{escape(label)}</title>" if shown != label else ""
+        out.append(f'<text class="label" x="{right + 22}" y="{ly:.1f}">{whole}{escape(shown)}</text>')
     out.append("</svg>")
     return Markup("".join(out))
+
+
+def _spread(wanted: list[float], top: float, bottom: float) -> list[float]:
+    """Baselines as near `wanted` as can be, LINE_H apart at least, within [top, bottom] (which fits them)."""
+    order = sorted(range(len(wanted)), key=lambda i: wanted[i])
+    placed = [0.0] * len(wanted)
+    low = top
+    for i in order:  # top down: each below the one above
+        placed[i] = low = max(wanted[i], low)
+        low += LINE_H
+    high = bottom
+    for i in reversed(order):  # bottom up: none below the bottom, so the ones above move up
+        placed[i] = high = min(placed[i], high)
+        high -= LINE_H
+    return placed
 
 
 def bars(rows: list[tuple[str, float]], unit: str = "") -> Markup:

@@ -7,6 +7,7 @@ files are skipped and counted, never fatal.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def read_rows(folder: Path) -> tuple[list[dict], int]:
                     bad += 1
                     continue
                 if isinstance(row, dict):
-                    rows.append(row)
+                    rows.append(_checked(row))
                 else:
                     bad += 1
     except OSError:
@@ -69,17 +70,31 @@ def read_rows(folder: Path) -> tuple[list[dict], int]:
     return rows, bad
 
 
+def _checked(row: dict) -> dict:
+    """A row as the pages use it: a mode and a session that are text or nothing, numbers that are numbers
+    (missing ones stay missing: shown blank, summed as 0)."""
+    out = dict(row)
+    for key in ("mode", "session"):
+        if out.get(key) is not None and not isinstance(out[key], str):
+            out[key] = json.dumps(out[key], default=str)
+    for key in ("score", "calls", "input_tokens", "output_tokens", "cost_usd", "wall_s"):
+        out[key] = None if out.get(key) is None else _num(out[key])
+    out["tokens"] = _num(out.get("input_tokens")) + _num(out.get("output_tokens"))
+    return out
+
+
 def _num(v) -> float:
     try:
-        return float(v or 0)
+        n = float(v or 0)
     except (TypeError, ValueError):
         return 0.0
+    return n if math.isfinite(n) else 0.0
 
 
 def summarize(rows: list[dict]) -> dict:
     scores = [_num(r.get("score")) for r in rows]
     return {"items": len(rows), "mean_score": statistics.fmean(scores) if scores else 0.0,
-            "tokens": sum(_num(r.get("input_tokens")) + _num(r.get("output_tokens")) for r in rows),
+            "tokens": sum(r["tokens"] for r in rows),
             "cost_usd": sum(_num(r.get("cost_usd")) for r in rows), "calls": sum(_num(r.get("calls")) for r in rows),
             "wall_s": sum(_num(r.get("wall_s")) for r in rows)}
 

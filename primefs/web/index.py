@@ -1,6 +1,7 @@
 """What the web view knows of the sessions: one incremental index per server, shared by every page.
 
-Each history is read once, then only the bytes appended since (live.HistoryReader), and each
+Each history is read once, then only the bytes appended since (summary.follow: counted by the fold
+that `primefs usage` uses, so the figures are the same), and each
 session.yaml is parsed again only when it changed (Session.reload): a page or a live update of a
 workspace with thousands of sessions costs a directory listing and a few stats per session, never a
 re-read of every history. A refresh is skipped if the last one was very recent (throttled by how long
@@ -14,8 +15,9 @@ import time
 from array import array
 from collections import defaultdict
 
+from .. import summary as summaries
+from ..accounting import add
 from ..daemon import runner_state
-from ..live import HistoryReader
 from ..session import Session
 
 SERIES_POINTS = 400  # a chart line never needs more points than this
@@ -27,47 +29,52 @@ def parent_of(meta: dict) -> str | None:
 
 
 class Track:
-    """Running totals of one session's history, fed by the bytes appended since the last look."""
+    """One session's history as summary.py counts it (the same fold as `primefs usage`), fed by the bytes
+    appended since the last look, plus what only the web view shows: its kernel and its calls over time."""
 
-    __slots__ = ("reader", "calls", "input_tokens", "output_tokens", "cost", "cost_unknown", "turns", "wall_s",
-                 "last", "kernel", "points")
+    __slots__ = ("path", "summary", "kernel", "points", "_usage")
 
     def __init__(self, path):
-        self.reader = HistoryReader(path)
-        self.calls = self.input_tokens = self.output_tokens = self.turns = self.cost_unknown = 0
-        self.cost = self.wall_s = 0.0
-        self.last: dict | None = None
+        self.path = path
+        self.summary = summaries.empty(path.parent.name)
         self.kernel: dict | None = None  # the last `kernel` event: where its kernel runs
-        self.points = array("d")  # ts, tokens, cost of every model call, flat: compact for big workspaces
+        # ts and the session's tokens and cost so far, at every model call, flat: compact for big workspaces
+        self.points = array("d")
+        self._usage: dict | None = None
 
     def update(self) -> bool:
-        if self.reader.size() < self.reader.pos:  # cut or replaced: count again
-            self.__init__(self.reader.path)
-        events = self.reader.read()
-        for e in events:
-            t = e.get("type")
-            if t == "model_call":
-                tokens_in, tokens_out = int(e.get("input_tokens") or 0), int(e.get("output_tokens") or 0)
-                cost = float(e.get("cost_usd") or 0.0)
-                self.calls += 1
-                self.input_tokens += tokens_in
-                self.output_tokens += tokens_out
-                self.cost += cost
-                self.cost_unknown += 0 if e.get("cost_known") else 1
-                self.points.extend((float(e.get("ts") or 0.0), tokens_in + tokens_out, cost))
-            elif t == "turn_start" and not e.get("resumed"):
-                self.turns += 1
-            elif t == "turn_end":
-                self.wall_s += float(e.get("elapsed_s") or 0.0)
-            elif t == "kernel":
-                self.kernel = e
-            self.last = e
-        return bool(events)
+        changed = summaries.follow(self.summary, self.path, self._each)
+        if changed:
+            self._usage = None
+            if self.summary["events"] == 0:  # emptied or gone: nothing counted
+                self.kernel, self.points = None, array("d")
+        return changed
+
+    def _each(self, start: int, end: int, e) -> None:
+        if self.summary["events"] == 1:  # the first event counted: a new file, or counted again from the start
+            self.kernel, self.points = None, array("d")
+        if not isinstance(e, dict):
+            return
+        if e.get("type") == "model_call":
+            u, last = self.summary["usage"], self.summary["last"]
+            self.points.extend((last["ts"] or 0.0, u["input_tokens"] + u["output_tokens"], u["cost_usd"]))
+        elif e.get("type") == "kernel":
+            self.kernel = e
+
+    @property
+    def turns(self) -> int:
+        return self.summary["turns"]
+
+    @property
+    def last(self) -> dict | None:
+        return self.summary["last"]
 
     def usage(self) -> dict:
-        return {"calls": self.calls, "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "tokens": self.input_tokens + self.output_tokens, "cost_usd": round(self.cost, 10),
-                "wall_s": round(self.wall_s, 4), "cost_unknown_calls": self.cost_unknown}
+        """Its usage as `primefs usage` gives it, plus tokens; made once per change (read it, never change it)."""
+        if self._usage is None:
+            u = summaries.usage(self.summary)
+            self._usage = {**u, "tokens": u["input_tokens"] + u["output_tokens"]}
+        return self._usage
 
 
 class WorkspaceIndex:
@@ -88,7 +95,7 @@ class WorkspaceIndex:
         self.lock = threading.RLock()
         self._last = 0.0
         self._took = 0.0
-        self._tree_cache: dict[str, dict] = {}
+        self._cache: dict = {}  # what pages computed from this version: tree usage, the tree page's lists
 
     # -- reading ----------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> int:
@@ -107,7 +114,7 @@ class WorkspaceIndex:
                 self.runner, changed = summary, True
             if changed:
                 self.version += 1
-                self._tree_cache = {}
+                self._cache = {}
             self._last = time.monotonic()
             self._took = self._last - now
             return self.version
@@ -151,22 +158,27 @@ class WorkspaceIndex:
                 u = track.usage()
                 for key in ("calls", "tokens", "cost_usd", "cost_unknown_calls"):
                     self.total[key] += u[key]
+            self.total["cost_usd"] = round(self.total["cost_usd"], 10)
         return changed
 
     # -- what pages ask -----------------------------------------------------------------------------
     def own(self, sid: str) -> dict:
         return self.tracks[sid].usage()
 
+    def cached(self, key, make):
+        """make(), kept until the next change: pages and streams that ask the same share one answer."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
     def tree(self, sid: str) -> dict:
-        """Usage of `sid` and all its descendants (cached until the next change)."""
-        if sid not in self._tree_cache:
-            total = self.own(sid)
+        """Usage of `sid` and all its descendants."""
+        def total():
+            out = self.own(sid)
             for child in self.descendants(sid)[1:]:
-                for k, v in self.own(child).items():
-                    total[k] += v
-            total["cost_usd"] = round(total["cost_usd"], 10)
-            self._tree_cache[sid] = total
-        return self._tree_cache[sid]
+                out = add(out, self.own(child))
+            return out
+        return self.cached(("tree", sid), total)
 
     def descendants(self, sid: str) -> list[str]:
         """`sid`, then its descendants depth first, children in creation order (hand-made cycles cut)."""
@@ -207,9 +219,9 @@ class WorkspaceIndex:
         """Cumulative tokens (or cost) of these sessions over time, at most SERIES_POINTS points."""
         col = 1 if what == "tokens" else 2
         points = []
-        for sid in sids:
+        for sid in sids:  # each session's running totals, as the calls that added to them
             p = self.tracks[sid].points
-            points.extend((p[i], p[i + col]) for i in range(0, len(p), 3))
+            points.extend((p[i], p[i + col] - (p[i + col - 3] if i else 0.0)) for i in range(0, len(p), 3))
         points.sort()
         out, total = [(points[0][0], 0.0)] if points else [], 0.0  # from zero, at the first call
         for ts, v in points:

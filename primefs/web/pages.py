@@ -1,9 +1,9 @@
 """What each page shows, as template contexts: all reading, no writing (actions are in app.py)."""
 from __future__ import annotations
 
-import math
 import re
 import subprocess
+from collections import Counter
 
 from ..fsutil import NAME_RE
 from ..gitops import git_env
@@ -11,10 +11,10 @@ from ..harness import Harness
 from ..harnessgit import HarnessGit
 from ..mail import new_files
 from ..session import Session
-from . import charts, evals
-from .timeline import tail_events
+from ..settings import STATUSES
+from . import charts, evals, listing
+from .timeline import line_end, tail_events
 
-PER_PAGE = 200  # tree rows per page
 EVENTS = 200  # timeline events per page
 TOP_SERIES = 7  # chart lines; the rest are summed as "others"
 DIFF_LINES, DIFF_BYTES = 4000, 400_000
@@ -25,21 +25,27 @@ def valid_sid(sid: str) -> bool:
     return bool(NAME_RE.match(sid or "")) and ".." not in sid
 
 
-def tree_page(state, page: int) -> dict:
-    index = state.index
-    index.refresh(force=True)  # a page shows what is there now; live streams share throttled looks
-    pages = max(1, math.ceil(len(index.order) / PER_PAGE))
-    page = min(max(1, page), pages)
-    return {"page": page, "pages": pages, **tree_parts(state, page)}
+def tree_page(state, page: int, filters: dict) -> dict:
+    state.index.refresh(force=True)  # a page shows what is there now; live streams share throttled looks
+    parts = tree_parts(state, page, filters)
+    models = sorted({str(m.get("model")) for m in state.index.meta.values() if m.get("model")})
+    return {**parts, "models": models[:200], "statuses": STATUSES,
+            "live_query": listing.query(filters, page=parts["page"])}
 
 
-def tree_parts(state, page: int) -> dict:
-    """The live parts of the tree page: summary line and rows."""
+def tree_parts(state, page: int, filters: dict) -> dict:
+    """The live parts of the tree page: summary line (with the counts) and rows."""
     index = state.index
     with index.lock:
-        ids = index.order[(page - 1) * PER_PAGE: page * PER_PAGE]
+        found = listing.listing(index, filters)
+        pages = found["pages"]
+        page = min(max(1, page), len(pages))
+        ids = pages[page - 1]
+        continued = page > 1 and bool(ids) and ids[0] in pages[page - 2]  # a big tree, from the page before
         return {"rows": [index.row(sid) for sid in ids], "runner": index.runner, "total": index.total,
-                "problems": sorted(index.problems.items())[:50]}
+                "problems": sorted(index.problems.items())[:50], "page": page, "pages": len(pages),
+                "continued": continued, "counts": found["counts"], "matched": found["matched"],
+                "filters": filters, "query": lambda **more: listing.query(filters, **more), "names": index.names}
 
 
 def session_head(state, sid: str) -> dict:
@@ -62,8 +68,11 @@ def session_page(state, sid: str, before: int | None) -> dict | None:
     index = state.index
     index.refresh(force=True)
     events, start, end = tail_events(state.ws.sessions / sid / "history.jsonl", EVENTS, before)
-    return {**session_head(state, sid), "events": state.renderer.events(events, index.names), "start": start,
-            "end": end, "live": before is None}
+    head = session_head(state, sid)
+    live = before is None or end == line_end(state.ws.sessions / sid / "history.jsonl")  # it ends the history
+    running = head["meta"].get("status") == "running" if live else None
+    return {**head, "events": state.renderer.events(events, index.names, running), "start": start, "end": end,
+            "live": live}
 
 
 def _series(index, groups: list[tuple[str, list[str]]], what: str) -> list:
@@ -77,6 +86,12 @@ def usage_page(state, focus: str | None) -> dict | None:
         return _usage(index, focus)
 
 
+def _labels(index, sids: list[str]) -> dict[str, str]:
+    """What a chart calls each session: its name, and its id too where another shown has that name."""
+    count = Counter(index.names[sid] for sid in sids)
+    return {sid: index.names[sid] if count[index.names[sid]] == 1 else f"{index.names[sid]} ({sid})" for sid in sids}
+
+
 def _usage(index, focus: str | None) -> dict | None:
     if focus is not None:
         if focus not in index.meta:
@@ -84,14 +99,16 @@ def _usage(index, focus: str | None) -> dict | None:
         members = index.descendants(focus)
         rows = [dict(index.row(sid), size=1) for sid in members[:500]]
         top = sorted(members, key=lambda sid: -index.tracks[sid].usage()["tokens"])
-        groups = [(index.names[sid], [sid]) for sid in top[:TOP_SERIES]]
-        share = charts.bars([(index.names[sid], index.tracks[sid].usage()["tokens"]) for sid in top[:25]])
+        label = _labels(index, top[:25])
+        groups = [(label[sid], [sid]) for sid in top[:TOP_SERIES]]
+        share = charts.bars([(label[sid], index.tracks[sid].usage()["tokens"]) for sid in top[:25]])
         more = len(members) - len(rows)
         cost_unknown = index.tree(focus)["cost_unknown_calls"]
     else:
         roots = sorted(index.roots, key=lambda sid: -index.tree(sid)["tokens"])
         rows = [dict(index.row(sid), size=len(index.descendants(sid))) for sid in roots[:200]]
-        groups = [(index.names[sid], index.descendants(sid)) for sid in roots[:TOP_SERIES]]
+        label = _labels(index, roots[:TOP_SERIES])
+        groups = [(label[sid], index.descendants(sid)) for sid in roots[:TOP_SERIES]]
         share, more, cost_unknown = None, max(0, len(roots) - 200), index.total["cost_unknown_calls"]
         top = roots
     rest = [sid for root in top[TOP_SERIES:] for sid in (index.descendants(root) if focus is None else [root])]

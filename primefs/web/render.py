@@ -14,6 +14,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
 from ..daemon import human_age
+from ..logview import code_of, fields, restored_text
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -65,23 +66,44 @@ def _pretty(value) -> str:
 def make_env() -> Environment:
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True),
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(clock=_clock, when=_when, age=_age, num=_num, usd=_usd, short=_short, pretty=_pretty)
+    env.filters.update(clock=_clock, when=_when, age=_age, num=_num, usd=_usd, short=_short, pretty=_pretty,
+                       fields=fields, restored_text=restored_text)
     return env
+
+
+def waiting_calls(events: list[dict]) -> tuple[int, list[dict]] | None:
+    """The python calls of the last reply in `events` whose cells are not written yet: (the reply's
+    place, [{"id", "code"}]). The runner runs a reply's calls in order, writing a cell for each."""
+    for i in range(len(events) - 1, -1, -1):
+        e = events[i]
+        if isinstance(e, dict) and e.get("type") == "assistant":
+            ran = sum(1 for c in events[i + 1:] if isinstance(c, dict) and c.get("type") == "cell")
+            calls = e.get("calls") if isinstance(e.get("calls"), list) else []
+            return i, [{"id": str(c.get("id") or ""), "code": code_of(c)} for c in calls[ran:]
+                       if isinstance(c, dict) and c.get("name") == "python"]
+    return None
 
 
 class Renderer:
     def __init__(self):
         self.env = make_env()
-        self._event = self.env.get_template("_event.html").module.event
+        module = self.env.get_template("_event.html").module
+        self._event, self._pending = module.event, module.pending
 
     def page(self, template: str, /, **ctx) -> str:
         return self.env.get_template(template).render(**ctx)
 
-    def events(self, events: list[dict], names: dict[str, str]) -> Markup:
+    def events(self, events: list[dict], names: dict[str, str], running: bool | None = None) -> Markup:
+        """`running` is given when `events` end the history (a live page or stream): the last reply's
+        python calls that have no cell yet are shown as cells to come, with their code and, if the session
+        runs (True), a running sign; each cell, once written, takes its place (app.js)."""
+        waiting = waiting_calls(events) if running is not None else None
         out = []
-        for e in events:
+        for i, e in enumerate(events):
             try:
                 out.append(str(self._event(e, names)))
             except Exception:  # a line we cannot render still shows what it holds
                 out.append(f'<div class="ev ev-raw"><pre>{escape(_pretty(e))}</pre></div>')
+            if waiting and waiting[0] == i:
+                out.extend(str(self._pending(call, running)) for call in waiting[1])
         return Markup("".join(out))

@@ -18,13 +18,12 @@ BLOCK = 65536
 
 
 def line_end(path: Path, size: int | None = None) -> int:
-    """Offset just past the last complete line at or before `size` (default: the file's end)."""
-    if size is None:
-        try:
-            size = os.stat(path).st_size
-        except FileNotFoundError:
-            return 0
-    return line_start(path, size)
+    """Offset just past the last complete line at or before `size` (default, or past it: the file's end)."""
+    try:
+        end = os.stat(path).st_size
+    except OSError:
+        return 0
+    return line_start(path, end if size is None else min(size, end))
 
 
 def tail_events(path: Path, limit: int, before: int | None = None) -> tuple[list[dict], int, int]:
