@@ -6,6 +6,7 @@ import inspect
 import json
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from . import tools as T
@@ -25,6 +26,7 @@ class ToolBox:
                 log(f"warning: {t.problem}")
         self.hub = None
         self._wait_until = 0.0
+        self._runners: list[dict] | None = None
         self._lock = threading.Lock()
 
     def start(self, background: bool = True) -> None:
@@ -47,12 +49,23 @@ class ToolBox:
             return
         self._wait_until = time.monotonic() + (START_WAIT_S if background else self.timeout + 5)
 
+    def use_runners(self, mcp_tools: list[dict]) -> None:
+        """List the MCP tools as the running runner has them (its .primefs/runner.json), not start servers."""
+        self._runners = mcp_tools
+
+    def mcp_state(self) -> list[dict] | None:
+        """The MCP tools and servers' problems, as JSON (for .primefs/runner.json: `primefs tools`)."""
+        if self.hub is None:
+            return None
+        return [{f.name: getattr(t, f.name) for f in fields(t) if f.name != "fn"} for t in self.hub.tools()]
+
     def all(self) -> list[T.Tool]:
         """Every tool, usable or not (those with a problem say why)."""
         if self.hub is not None:
             self.hub.wait_started(self._wait_until - time.monotonic())
         with self._lock:
-            mcp = self.hub.tools() if self.hub else []
+            mcp = [T.Tool(**t) for t in self._runners] if self._runners is not None else \
+                (self.hub.tools() if self.hub else [])
             return T.dedupe([_copy(t) for t in self._plugin_tools + mcp])
 
     def for_session(self, selection) -> tuple[list[T.Tool], list[str]]:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli, configure, run_once, session_named, wait_for
+from conftest import BackgroundRunner, cli, configure, run_once, session_named, wait_for
 
+from primefs import mail
 from primefs.goals import write_goal
 from primefs.mcptools import MCPHub
 
@@ -58,6 +60,30 @@ def http_calc(tmp_path, monkeypatch):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_server_down_at_start_comes_up_later_and_primefs_tools_says_what_the_runner_sees(ws, tmp_path):
+    repo = tmp_path / "repo"
+    ws = scripted(ws, """\
+- code: "m = recv(timeout=120)\\nprint(tools.git_git_status(repo_path=m.text).splitlines()[-1])"
+- text: done
+""", mcp_servers={"git": git_server(repo)}, limits={"tool_timeout_s": 20})
+    write_goal(ws, "Use git once it is up", name="g")
+    with BackgroundRunner(ws):
+        s = wait_for(lambda: session_named(ws, "g"), what="the session")
+        down = wait_for(lambda: "exited" in ((listed(ws).get("git_*") or {}).get("problem") or "")
+                        and listed(ws)["git_*"]["problem"], what="the runner's git server down")
+        assert "exited with code 1 while starting" in down and f"{repo} does not exist" in down, down
+        assert "retrying" in down
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        wait_for(lambda: "git_git_status" in listed(ws), what="git's tools once the server is up")
+        mail.deliver(s.dir / "mail", sender="user", to=s.id, kind="user", text=str(repo))
+        wait_for(lambda: s.read_result() == "done", what="the session's answer")
+        shutil.rmtree(repo)  # a server started now would fail; the runner's goes on
+        r = cli(ws, "tools")
+        assert "git_git_status(" in r.stdout and "git_*" not in r.stdout, r.stdout
+        assert "as the runner" in r.stdout
+    assert outputs(ws, "g")[0] == 'nothing to commit (create/copy files and use "git add" to track)\n'
 
 
 def test_a_wedged_server_is_killed_and_a_timed_out_call_never_runs(tmp_path, monkeypatch):
