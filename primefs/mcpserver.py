@@ -69,10 +69,10 @@ async def stdio_transport(argv: list[str], env: dict, cwd, p: Process):
             async with read_in:
                 async for line in _lines(p.proc.stdout):
                     await read_in.send(_message(line))
+            p.ended_itself = not p.ours  # its stdout closed, and not by our doing
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         finally:
-            p.ended_itself = not p.ours
             p.lost.set()
 
     async def to_stdin():
