@@ -17,18 +17,24 @@ from .cliopts import workspace, ws_option
 @click.pass_context
 def tools_cmd(ctx, as_json):
     """List the tools code in a kernel can call as tools.NAME(...): where each runs (kernel or runner),
-    the plugin or MCP server it comes from, its signature. MCP servers are started to list theirs.
+    the plugin or MCP server it comes from, its signature. MCP servers are listed as the running
+    runner has them; with no runner, they are started to list theirs.
 
     Tools with a problem (a bad name, an import that fails, an MCP server that does not start) are
     listed with it and offered to no session. Exit code 0 even then; 1 for a bad primefs.yaml.
     """
+    from .daemon import runner_state
     from .plugins import plugin_manager
     from .toolbox import ToolBox, check_config
 
     ws = workspace(ctx)
     check_config(ws)
     box = ToolBox(ws, plugin_manager(ws.root))
-    box.start(background=False)
+    runner = runner_state(ws)
+    if runner["state"] is not None:  # its servers, as it has them: not another start that may go otherwise
+        box.use_runners(runner["state"].get("mcp_tools") or [])
+    else:
+        box.start(background=False)
     try:
         found = box.all()
     finally:
@@ -48,3 +54,5 @@ def tools_cmd(ctx, as_json):
         out.print(f"[bold]{escape(t.name)}[/bold]{escape(t.signature)}  [dim]({t.runs}, {escape(t.plugin)})[/dim]")
         if t.description:
             out.print(f"    {escape(t.description)}")
+    if runner["state"] is not None and ws.config.get("mcp_servers"):
+        out.print(f"[dim](MCP servers as the runner, pid {runner['pid']}, has them)[/dim]")

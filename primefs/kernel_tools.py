@@ -15,6 +15,9 @@ from pathlib import Path
 from primefs.rpc import RpcError, call
 
 
+_link = None  # the kernel's link to the runner, once make_tools has run
+
+
 class ToolError(RuntimeError):
     """A runner tool raised an exception that is not a Python built-in one; the message names it."""
 
@@ -36,8 +39,19 @@ class Tools(types.SimpleNamespace):
         return f"<tools: {', '.join(sorted(vars(self))) or 'none'}>"
 
     def __getattr__(self, name: str):
-        if name.startswith("__"):
+        if name.startswith("_"):
             raise AttributeError(name)
+        if _link is not None:  # a tool the runner has got since this kernel started (its MCP server came up)?
+            try:
+                specs = call(_link.sock, _link.token, "tools", {})
+            except (RpcError, OSError):
+                specs = []
+            for spec in specs:
+                if spec["name"] not in vars(self):
+                    setattr(self, spec["name"], _runner_tool(_link, spec) if spec["runs"] == "runner"
+                            else _kernel_tool(spec))
+            if name in vars(self):
+                return vars(self)[name]
         raise AttributeError(f"no tool {name!r} for this session (it has: {', '.join(sorted(vars(self))) or 'none'}; "
                              "`primefs tools` lists every tool and its problems)")
 
@@ -111,6 +125,8 @@ def _kernel_tool(spec: dict):
 
 
 def make_tools(link, specs: list[dict], plugins_dir: str | None) -> Tools:
+    global _link
+    _link = link
     if plugins_dir and plugins_dir not in sys.path:
         sys.path.append(plugins_dir)  # kernel tools of workspace plugins live there
     box = Tools()

@@ -5,10 +5,10 @@ MCP clients use:
       files: {command: python, args: [srv.py], env: {TOKEN: "${FILES_TOKEN}"}}      # stdio
       search: {url: "http://127.0.0.1:9000/mcp", headers: {Authorization: "Bearer ${KEY}"}}  # HTTP
 
-The runner starts each server once with the official `mcp` SDK and keeps its client session, all on
-one asyncio loop in a thread; each server tool becomes a runner tool named `SERVER_TOOL`. A server
-that fails to start, dies or times out gives a clear error (in the cell, in `primefs tools`); the
-next call starts it again.
+The runner starts each server with the official `mcp` SDK and keeps its client session, all on one
+asyncio loop in a thread (mcpserver.py: starts, ends, retries, kills); each server tool becomes a
+runner tool named `SERVER_TOOL`. A server that fails to start, dies or times out gives a clear error
+(in the cell, in `primefs tools`) and is started again.
 """
 from __future__ import annotations
 
@@ -17,9 +17,12 @@ import inspect
 import os
 import re
 import threading
+import time
+from contextlib import asynccontextmanager
 from typing import Any
 
 from .errors import PrimefsError
+from .mcpserver import QUIT_GRACE_S, Process, Server, stdio_transport
 from .tools import Tool
 
 JSON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list",
@@ -96,123 +99,42 @@ def to_python(result, wrapped: bool = False) -> Any:
     return structured["result"] if wrapped and isinstance(structured, dict) and "result" in structured else structured
 
 
-class _Server:
-    """One server's client session, kept open by a task on the hub's loop."""
-
-    def __init__(self, name: str, spec: dict):
-        self.name, self.spec = name, spec
-        self.session = None
-        self.tools: list = []
-        self.problem: str | None = None
-        self.stop: asyncio.Event | None = None
-        self.task: asyncio.Task | None = None
-
-    async def start(self, timeout: float) -> None:
-        ready = asyncio.get_running_loop().create_future()
-        self.stop = asyncio.Event()
-        self.task = asyncio.create_task(self._run(ready))
-        try:
-            await asyncio.wait_for(asyncio.shield(ready), timeout)
-        except asyncio.TimeoutError:
-            self.task.cancel()
-            raise TimeoutError(f"MCP server {self.name} did not start within {timeout:g} s") from None
-
-    async def _run(self, ready: asyncio.Future) -> None:
-        from mcp import ClientSession
-
-        try:
-            async with self._transport() as streams:
-                async with ClientSession(streams[0], streams[1]) as session:
-                    await session.initialize()
-                    self.tools = (await session.list_tools()).tools
-                    self.session, self.problem = session, None
-                    ready.set_result(True)
-                    await self.stop.wait()
-        except BaseException as exc:  # noqa: BLE001 - whatever ends the server is reported as its problem
-            self.problem = f"MCP server {self.name}: {_why(exc)}"
-            if not ready.done():
-                ready.set_exception(RuntimeError(self.problem))
-        finally:
-            self.session = None
-
-    async def alive(self) -> bool:
-        """Does the server still answer? (a failed call may be the tool's, or the connection's)"""
-        if self.session is None:
-            return False
-        try:
-            await asyncio.wait_for(self.session.send_ping(), 2)
-            return True
-        except Exception:  # noqa: BLE001
-            return False
-
-    async def end(self) -> None:
-        """Close the connection (its task ends); the next call starts the server again."""
-        if self.stop is not None:
-            self.stop.set()
-        if self.task is not None:
-            await asyncio.wait({self.task}, timeout=5)
-        self.session = None
-
-    def _transport(self):
-        where = f"mcp_servers.{self.name}"
-        if "url" in self.spec:
-            from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
-
-            headers = {k: expand(v, f"{where}.headers.{k}") for k, v in (self.spec.get("headers") or {}).items()}
-            return streamable_http_client(expand(self.spec["url"], f"{where}.url"),
-                                          http_client=create_mcp_http_client(headers=headers))
-        from mcp.client.stdio import StdioServerParameters, stdio_client
-
-        env = {k: expand(v, f"{where}.env.{k}") for k, v in (self.spec.get("env") or {}).items()}
-        params = StdioServerParameters(command=str(self.spec["command"]), args=[str(a) for a in self.spec.get("args") or []],
-                                       env=env or None, cwd=self.spec.get("cwd"))
-        return stdio_client(params, errlog=open(os.devnull, "w"))
-
-
-def _why(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 class MCPHub:
+    """The runner's MCP servers: each kept by a Server on one asyncio loop in a thread of its own."""
+
     def __init__(self, config: dict, timeout: float, log=lambda m: None):
-        self.servers = {name: _Server(name, spec) for name, spec in check_servers(config).items()}
+        self.servers = {name: Server(name, spec, timeout, log, self._transport(name, spec))
+                        for name, spec in check_servers(config).items()}
         self.timeout = timeout
-        self.log = log
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="primefs-mcp", daemon=True)
         self._thread.start()
-        self._lock = threading.Lock()
+        self._tasks = self._run(self._start(), 10)
+
+    async def _start(self) -> list[asyncio.Task]:
+        for s in self.servers.values():
+            s.open()
+        return [asyncio.create_task(s.supervise()) for s in self.servers.values()]
 
     def _run(self, coro, timeout: float):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def start_all(self) -> None:
-        async def all_():
-            await asyncio.gather(*(self._ensure(s) for s in self.servers.values()), return_exceptions=True)
-        self._run(all_(), self.timeout + 5)
-
-    async def _ensure(self, s: _Server) -> None:
-        if s.session is not None:
-            return
-        try:
-            await s.start(self.timeout)
-        except Exception as exc:
-            s.problem = str(exc) if str(exc).startswith("MCP server") else f"MCP server {s.name}: {_why(exc)}"
-            self.log(f"warning: {s.problem}")
-            raise RuntimeError(s.problem) from None
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Until every server's first start has ended, up or not (at most `timeout` s)."""
+        deadline = time.monotonic() + (self.timeout + 5 if timeout is None else timeout)
+        for s in self.servers.values():
+            s.tried.wait(max(0.0, deadline - time.monotonic()))
 
     def tools(self) -> list[Tool]:
+        """Each server's tools as last listed, and a `SERVER_*` entry saying why while it is not up."""
         out: list[Tool] = []
         for s in self.servers.values():
-            if s.problem and not s.tools:
-                out.append(Tool(name=f"{s.name}_*", runs="runner", plugin=f"mcp:{s.name}", problem=s.problem))
-            for t in s.tools:
-                out.append(self._tool(s, t))
+            if s.describe():
+                out.append(Tool(name=f"{s.name}_*", runs="runner", plugin=f"mcp:{s.name}", problem=s.describe()))
+            out.extend(self._tool(s, t) for t in s.tools)
         return out
 
-    def _tool(self, server: _Server, t) -> Tool:
+    def _tool(self, server: Server, t) -> Tool:
         params, args_doc = signature_of(getattr(t, "input_schema", None) or getattr(t, "inputSchema", None) or {})
         description = " ".join((t.description or "").split())
         name = tool_name(server.name, t.name)
@@ -221,7 +143,7 @@ class MCPHub:
         fn = self._caller(server.name, t.name, params, wrapped)
         fn.__name__, fn.__doc__ = name, "\n\n".join(x for x in (t.description or "", args_doc) if x)
         return Tool(name=name, runs="runner", plugin=f"mcp:{server.name}", description=description[:200],
-                    doc=fn.__doc__, params=params, fn=fn)
+                    doc=fn.__doc__, params=params, fn=fn, keeps_time=True)
 
     def _caller(self, server: str, tool: str, params: list[dict], wrapped: bool):
         names = {p["name"]: p["json"] for p in params}
@@ -234,35 +156,41 @@ class MCPHub:
         return call
 
     def call(self, server: str, tool: str, arguments: dict, wrapped: bool = False):
-        s = self.servers[server]
+        """Within `timeout` (a server that is down is retried first; one that times out is restarted)."""
+        result = self._run(self.servers[server].call(tool, arguments), self.timeout + QUIT_GRACE_S + 10)
+        return to_python(result, wrapped)
 
-        async def go():
-            await self._ensure(s)  # a crashed server starts again on the next call
-            try:
-                result = await asyncio.wait_for(s.session.call_tool(tool, arguments), self.timeout)
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"MCP tool {tool} of server {server} did not answer within {self.timeout:g} s") \
-                    from None
-            except Exception as exc:
-                if await s.alive():
-                    raise
-                await s.end()
-                raise RuntimeError(f"MCP server {server} is gone ({_why(exc)}); "
-                                   "the next call starts it again") from None
-            return to_python(result, wrapped)
-        return self._run(go(), 2 * self.timeout + 5)
+    def _transport(self, name: str, spec: dict):
+        where = f"mcp_servers.{name}"
+
+        @asynccontextmanager
+        async def http(conn):
+            from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+            headers = {k: expand(v, f"{where}.headers.{k}") for k, v in (spec.get("headers") or {}).items()}
+            # no limit on one SSE event (the SDK's is 1 MiB): a big result is one event
+            async with create_mcp_http_client(headers=headers) as client, \
+                    streamable_http_client(expand(spec["url"], f"{where}.url"), http_client=client,
+                                           max_sse_event_size=None) as streams:
+                yield streams
+
+        def stdio(conn):
+            from mcp.client.stdio import get_default_environment
+
+            env = {k: expand(v, f"{where}.env.{k}") for k, v in (spec.get("env") or {}).items()}
+            argv = [str(spec["command"]), *(str(a) for a in spec.get("args") or [])]
+            conn.process = Process(conn.lost)
+            return stdio_transport(argv, get_default_environment() | env, spec.get("cwd"), conn.process)
+        return http if "url" in spec else stdio
 
     def close(self) -> None:
         async def stop_all():
             for s in self.servers.values():
-                if s.stop is not None:
-                    s.stop.set()
-            tasks = [s.task for s in self.servers.values() if s.task is not None]
-            if tasks:
-                await asyncio.wait(tasks, timeout=5)
+                s.stop()
+            await asyncio.wait(self._tasks, timeout=QUIT_GRACE_S + 6)
         try:
-            self._run(stop_all(), 10)
-        except Exception:
+            self._run(stop_all(), QUIT_GRACE_S + 10)
+        except Exception:  # noqa: BLE001 - closing: nothing more to be done
             pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)

@@ -288,10 +288,11 @@ class Runner:
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
 
     def write_state(self) -> None:
-        """.primefs/runner.json: what `primefs runner` shows (pid, since, kernels, memory)."""
+        """.primefs/runner.json: what `primefs runner` shows (pid, since, kernels, memory), and its MCP servers
+        as `primefs tools` shows them."""
         host = self.host.state() if self.host else {"live_kernels": 0, "kernel_pids": []}
         state = {"pid": os.getpid(), "started": self.started_at, "updated": time.time(), **self.scheduler.snapshot(),
-                 **host}
+                 **host, "mcp_tools": self.toolbox.mcp_state()}
         path = self.ws.state / "runner.json"
         try:
             write_atomic(path, json.dumps(state, indent=1), durable=False)

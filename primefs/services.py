@@ -90,6 +90,10 @@ class KernelServices:
     def op_tool(self, agent, name: str, args: list | None = None, kwargs: dict | None = None) -> dict:
         return self.toolbox.call(agent, name, list(args or []), dict(kwargs or {}))
 
+    def op_tools(self, agent) -> list[dict]:
+        """The session's tools now (an MCP server that came up since its kernel started has more)."""
+        return [t.spec() for t in agent.tools()]
+
     def op_goal_status(self, agent) -> dict:
         return self.goals.status(agent)
 

@@ -6,12 +6,14 @@ import inspect
 import json
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from . import tools as T
 from .fsutil import write_atomic
 
 BIG_RESULT_BYTES = 256 * 1024  # larger results travel as a file, not over the socket
+START_WAIT_S = 10.0  # sessions wait no longer than this (from the runner's start) for MCP servers starting
 
 
 class ToolBox:
@@ -23,12 +25,13 @@ class ToolBox:
             if t.problem:
                 log(f"warning: {t.problem}")
         self.hub = None
-        self._hub_ready = threading.Event()
+        self._wait_until = 0.0
+        self._runners: list[dict] | None = None
         self._lock = threading.Lock()
-        self._all: list[T.Tool] | None = None
 
     def start(self, background: bool = True) -> None:
-        """Start the MCP servers (in the background: the first session that needs tools waits)."""
+        """Start the MCP servers. Sessions wait for those still starting until START_WAIT_S after this
+        (in the background) or for each one's first start (`primefs tools`)."""
         from . import trust
 
         servers = self.ws.config.get("mcp_servers")
@@ -36,31 +39,34 @@ class ToolBox:
             self.log(f"warning: {trust.untrusted_note(trust.CONFIG, 'mcp_servers (commands the runner starts) are')}")
             servers = None
         if not servers:
-            self._hub_ready.set()
             return
+        from .mcptools import MCPHub
 
-        def go():
-            from .mcptools import MCPHub
+        try:
+            self.hub = MCPHub(servers, self.timeout, self.log)
+        except Exception as exc:  # a bad mcp_servers section must not stop the runner
+            self.log(f"warning: MCP servers not started: {exc}")
+            return
+        self._wait_until = time.monotonic() + (START_WAIT_S if background else self.timeout + 5)
 
-            try:
-                self.hub = MCPHub(servers, self.timeout, self.log)
-                self.hub.start_all()
-            except Exception as exc:  # a bad mcp_servers section must not stop the runner
-                self.log(f"warning: MCP servers not started: {exc}")
-            finally:
-                self._hub_ready.set()
+    def use_runners(self, mcp_tools: list[dict]) -> None:
+        """List the MCP tools as the running runner has them (its .primefs/runner.json), not start servers."""
+        self._runners = mcp_tools
 
-        if background:
-            threading.Thread(target=go, name="primefs-mcp-start", daemon=True).start()
-        else:
-            go()
+    def mcp_state(self) -> list[dict] | None:
+        """The MCP tools and servers' problems, as JSON (for .primefs/runner.json: `primefs tools`)."""
+        if self.hub is None:
+            return None
+        return [{f.name: getattr(t, f.name) for f in fields(t) if f.name != "fn"} for t in self.hub.tools()]
 
     def all(self) -> list[T.Tool]:
         """Every tool, usable or not (those with a problem say why)."""
-        self._hub_ready.wait(self.timeout + 10)
+        if self.hub is not None:
+            self.hub.wait_started(self._wait_until - time.monotonic())
         with self._lock:
-            found = list(self._plugin_tools) + (self.hub.tools() if self.hub else [])
-            return T.dedupe([_copy(t) for t in found])
+            mcp = [T.Tool(**t) for t in self._runners] if self._runners is not None else \
+                (self.hub.tools() if self.hub else [])
+            return T.dedupe([_copy(t) for t in self._plugin_tools + mcp])
 
     def for_session(self, selection) -> tuple[list[T.Tool], list[str]]:
         return T.select(self.all(), selection)
@@ -83,7 +89,8 @@ class ToolBox:
         started = time.monotonic()
         error = None
         try:
-            result = _with_timeout(lambda: tool.fn(*bound.args, **bound.kwargs), self.timeout, name)
+            run = lambda: tool.fn(*bound.args, **bound.kwargs)  # noqa: E731
+            result = run() if tool.keeps_time else _with_timeout(run, self.timeout, name)
             data = _json(result, name)
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"

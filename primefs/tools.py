@@ -37,6 +37,7 @@ class Tool:
     target: str | None = None       # kernel tools: "module:attr" or "/path/file.py:attr"
     fn: Callable | None = None      # runner tools
     problem: str | None = None      # why it cannot be used (listed by `primefs tools`, never offered)
+    keeps_time: bool = False        # runner tools that keep limits.tool_timeout_s themselves (MCP: kill first)
 
     @property
     def signature(self) -> str:

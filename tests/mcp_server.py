@@ -23,7 +23,8 @@ def secret() -> str:
 
 @server.tool()
 def crash() -> str:
-    """End this server's process at once."""
+    """Say why on stderr, then end this server's process at once."""
+    print("calc: crashing on purpose", file=sys.stderr, flush=True)
     os._exit(3)
 
 
@@ -32,6 +33,24 @@ def nap(seconds: float) -> str:
     """Sleep, then answer."""
     time.sleep(seconds)
     return "awake"
+
+
+@server.tool()
+async def wedge(path: str) -> str:
+    """Write this server's pid to `path`, then block its event loop (nothing else answers); were it ever
+    to get past that, it would write `path`.late."""
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    with open(path + ".late", "w") as f:
+        f.write("ran after all")
+    return "unwedged"
+
+
+@server.tool()
+def big(n: int) -> str:
+    """A text of n characters."""
+    return "x" * n
 
 
 if __name__ == "__main__":
