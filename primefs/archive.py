@@ -85,14 +85,16 @@ def _trees(rows: dict[str, dict]) -> dict[str, list[str]]:
     return out
 
 
-def _live_files(folder: Path) -> str | None:
-    """Why a finished session is still alive by its files (mail waiting, heartbeats), or None."""
+def _live_files(folder: Path, stopped: bool = False) -> str | None:
+    """Why a finished session is still alive by its files (mail waiting, heartbeats), or None. Mail to a
+    stopped session never starts a turn (stopping is final): it goes into the zip with it (e.g. the
+    results of children stopped with it by `primefs stop --tree`)."""
     try:
-        if any(not n.startswith(".") for n in os.listdir(folder / "mail" / "new")):
+        if not stopped and any(not n.startswith(".") for n in os.listdir(folder / "mail" / "new")):
             return "unread mail"
-        if any(n.endswith("!2,") for n in os.listdir(folder / "mail" / "cur")):
+        if not stopped and any(n.endswith("!2,") for n in os.listdir(folder / "mail" / "cur")):
             return "unread mail"
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         pass
     hb = folder / "heartbeats"
     if hb.is_dir() and any(p.suffix == ".yaml" for p in hb.iterdir()):
@@ -118,11 +120,12 @@ def plan(ws, index: Index, *, before: float | None = None, statuses=DEFAULT_STAT
         elif any(busy(sid) for sid in members):
             why = "in use by the runner"
         else:
-            why = next((w for sid in members if (w := _live_files(ws.sessions / sid))), None)
+            why = next((w for r in tree if (w := _live_files(ws.sessions / r["id"], r["status"] == "stopped"))), None)
         if why:
             skipped[why] += 1
             continue
         out.append({"root": root, "name": rows[root]["name"], "sessions": members, "goal": None,
+                    "stopped": [r["id"] for r in tree if r["status"] == "stopped"],
                     "file": f"{ARCHIVE}/{root}.zip", "last_ts": max((r["last_ts"] or 0) for r in tree)})
     # A goal file goes with the last tree that names it, when no session staying names it: it must
     # stay while one does (the runner takes a goal no session names), and must not stay behind alone.
@@ -157,7 +160,7 @@ def archive_tree(ws, index: Index, tree: dict, busy=lambda sid: False) -> bool:
         (stage / goal).parent.mkdir(parents=True, exist_ok=True)
         os.rename(ws.root / goal, stage / goal)
     for sid in members:  # 3
-        if _keys(stage / sid) != keys[sid] or _live_files(stage / sid) or busy(sid):
+        if _keys(stage / sid) != keys[sid] or _live_files(stage / sid, sid in tree.get("stopped", ())) or busy(sid):
             roll_back(ws, stage)
             return False
     _index_staged(index, stage, members)

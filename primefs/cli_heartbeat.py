@@ -60,7 +60,10 @@ def list_cmd(ctx, session, as_json):
     """Heartbeats of one session, or of all."""
     ws = workspace(ctx)
     sessions = [find_session(ws.sessions, session)] if session else list_sessions(ws.sessions)
-    rows = [{**hb, "session": s.id} for s in sessions for hb in hbmod.load_all(s.dir)]
+    problems: list[str] = []
+    rows = [{**hb, "session": s.id} for s in sessions for hb in hbmod.load_all(s.dir, problems)]
+    for problem in problems:  # a file the runner skips too: said, not hidden
+        click.echo(f"warning: heartbeat skipped: {problem}", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

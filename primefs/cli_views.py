@@ -253,7 +253,7 @@ def _usage_tree(index: UsageIndex, root: str) -> None:
 
     def label(sid: str) -> str:
         o, t = index.own[sid], index.tree(sid)
-        name = index.sessions[sid].meta.get("name")
+        name = index.sessions[sid].meta.get("name") if sid in index.sessions else "(broken: see primefs status)"
         return (f"[bold]{sid}[/bold] {name} - own: {o['calls']} calls, {o['input_tokens'] + o['output_tokens']:,} "
                 f"tokens, ${o['cost_usd']:.4f} | total: {t['calls']} calls, "
                 f"{t['input_tokens'] + t['output_tokens']:,} tokens, ${t['cost_usd']:.4f}")

@@ -36,9 +36,24 @@ def parse_schedule(text: str) -> dict:
         return {"every": seconds}
     fields = s.split(" ")
     if len(fields) == 5:
-        return {"cron": [_cron_field(f, lo, hi, text) for f, (lo, hi) in zip(fields, CRON_RANGES)]}
+        cron = [_cron_field(f, lo, hi, text) for f, (lo, hi) in zip(fields, CRON_RANGES)]
+        if not _ever(cron):
+            raise PrimefsError(f"heartbeat schedule {text!r} never fires (no month has such a day)")
+        return {"cron": cron}
     raise PrimefsError(f"bad heartbeat schedule {text!r}: use 'every 10m' (s, m, h, d) or 5 cron fields "
                        "like '*/15 9-17 * * 1-5'")
+
+
+MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February 29 comes every four years
+
+
+def _ever(cron: list[list[int]]) -> bool:
+    """Whether a cron schedule fires at all (`0 0 31 2 *` does not): only days of the month alone can
+    miss; with the day of the week restricted too, either one fires (as in cron)."""
+    _, _, dom, month, dow = cron
+    if len(dom) == 31 or len(dow) < 7:
+        return True
+    return any(d <= MONTH_DAYS[m - 1] for m in month for d in dom)
 
 
 def _cron_field(field: str, lo: int, hi: int, text: str) -> list[int]:
@@ -152,7 +167,10 @@ def check(hb, where: str) -> dict:
             raise PrimefsError(f"{where}: {key} must be a time (seconds since 1970)")
     if not isinstance(hb.get("paused", False), bool):
         raise PrimefsError(f"{where}: paused must be true or false")
-    parse_schedule(hb["schedule"])
+    try:
+        parse_schedule(hb["schedule"])
+    except PrimefsError as exc:
+        raise PrimefsError(f"{where}: {exc}") from None
     return hb
 
 

@@ -50,7 +50,8 @@ class History:
         with self._lock:
             fd = self._open()
             event = {"ts": now(), "type": type, "n": self._seq, **fields}
-            os.write(fd, (json.dumps(event, ensure_ascii=False, default=str) + "\n").encode("utf-8"))
+            # a lone surrogate (a file name that is no UTF-8) goes in as its JSON escape, read back as U+FFFD
+            os.write(fd, (json.dumps(event, ensure_ascii=False, default=str) + "\n").encode("utf-8", "backslashreplace"))
             self._seq += 1
         if livefeed._listeners:  # `run -v` in this process
             livefeed.publish(self.path.parent.name, event)

@@ -23,7 +23,7 @@ from . import summary as summaries
 from .fsutil import read_regular
 from .summary import META, stat_key
 
-VERSION = 5  # PRAGMA user_version: another version is dropped and rebuilt
+VERSION = 6  # PRAGMA user_version: another version is dropped and rebuilt
 FILE = "index.sqlite"
 SCHEMA = """
 CREATE TABLE sessions (
@@ -66,6 +66,26 @@ def broken_database(exc: Exception) -> bool:
         text = str(exc)
         return "no such" in text or "malformed" in text or "not a database" in text
     return isinstance(exc, sqlite3.DatabaseError)
+
+
+def parent_cycles(parent_of: dict) -> set[str]:
+    """The sessions in a cycle of parents (a session.yaml edited by hand: its own parent, or two that
+    are each other's); they count as roots. Each session is walked once: linear in the sessions."""
+    walked: set[str] = set()
+    cyclic: set[str] = set()
+    for start in parent_of:
+        path: dict[str, int] = {}
+        sid = start
+        while sid in parent_of and sid not in walked and sid not in path:
+            path[sid] = len(path)
+            sid = parent_of[sid]
+        if sid in path:  # came back to itself: from there on is the cycle
+            cyclic.update(list(path)[path[sid]:])
+        walked.update(path)
+    return cyclic
+
+
+CYCLE = "its parent is itself or its own descendant: a cycle of parents (session.yaml edited by hand?)"
 
 
 def read_result(folder: Path) -> str | None:
@@ -257,11 +277,25 @@ class Index:
             gone = [sid for sid in gone if sid not in staged]
         if changed or gone:
             self.write(self.store, changed, gone)
+            self._mark_cycles(out)
         missing = [sid for sid, row in out.items() if row is None]
         if missing:
             stored = self.rows(None if ids is None else missing, light=meta_only or light)
             out.update((sid, stored[sid]) for sid in missing if sid in stored)
         return out
+
+    def _mark_cycles(self, out: dict) -> None:
+        """Sessions in a cycle of parents are broken (shown with CYCLE, never run): a tree must end at a
+        root, or a result would go round it for ever. Looked at when a row changed; a mended cycle heals."""
+        rows = self.run(lambda db: db.execute("SELECT id, parent, broken FROM sessions WHERE place = ''").fetchall())
+        cyclic = parent_cycles({sid: parent for sid, parent, broken in rows if broken in (None, CYCLE)})
+        flips = [(CYCLE if sid in cyclic else None, sid) for sid, _, broken in rows
+                 if broken in (None, CYCLE) and (broken == CYCLE) != (sid in cyclic)]
+        if flips:
+            self.write(lambda db: db.executemany("UPDATE sessions SET broken = ? WHERE id = ?", flips))
+            for broken, sid in flips:
+                if out.get(sid) is not None:
+                    out[sid]["broken"] = broken
 
     @staticmethod
     def store(db, rows: list[dict], gone: list[str]) -> None:

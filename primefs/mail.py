@@ -92,9 +92,16 @@ def base_name(path: Path) -> str:
     return name.split("!2,")[0]
 
 
+def _free(folder: Path, base: str, suffix: str) -> Path:
+    """folder/<base><suffix>, or another name if that one is taken: a name used again never replaces
+    the message that had it."""
+    target = folder / (base + suffix)
+    return target if not os.path.lexists(target) else folder / f"{base}.{secrets.token_hex(3)}{suffix}"
+
+
 def claim(path: Path) -> Path | None:
     """Move new/<name> to cur/<name>!2, ; None if someone else claimed it first."""
-    target = path.parent.parent / "cur" / (base_name(path) + CLAIMED)
+    target = _free(path.parent.parent / "cur", base_name(path), CLAIMED)
     try:
         os.rename(path, target)
     except FileNotFoundError:
@@ -105,7 +112,7 @@ def claim(path: Path) -> Path | None:
 def ack(path: Path) -> Path:
     if path.name.endswith(SEEN):
         return path
-    target = path.with_name(base_name(path) + SEEN)
+    target = _free(path.parent, base_name(path), SEEN)
     try:
         os.rename(path, target)
     except FileNotFoundError:
@@ -138,7 +145,11 @@ def parse(path: Path, to: str = "", root: Path | None = None) -> Message:
 
 def _parse(path: Path, to: str, root: Path | None) -> Message:
     meta, body = frontmatter.read(path, path.name, safe=True, max_bytes=MAX_BYTES, root=root)
-    mid = str(meta.get("id") or base_name(path).removesuffix(".md"))
+    mid = meta.get("id")
+    if mid is None:  # written by hand: its name and the file itself (a name used again is a new message)
+        st = os.stat(path)
+        mid = f"{base_name(path).removesuffix('.md')[:96]}.{st.st_ino:x}.{st.st_mtime_ns:x}"
+    mid = str(mid)
     if not NAME_RE.fullmatch(mid) or ".." in mid:
         raise BadMessage(f"{path.name}: message id {mid!r} is not a safe name")
     kind = str(meta.get("kind") or "user")
@@ -154,11 +165,12 @@ def quarantine(path: Path, reason: str) -> Path:
     bad = path.parent.parent / "bad"
     bad.mkdir(exist_ok=True)
     name = base_name(path)
-    if len(name.encode()) > 200:  # room for the .reason beside it (names end at 255 bytes)
-        name = name.encode()[:200].decode(errors="ignore")
+    if len(os.fsencode(name)) > 200:  # room for the .reason beside it (names end at 255 bytes)
+        name = os.fsdecode(os.fsencode(name)[:200])
     target = bad / name
     if os.path.lexists(target):  # a second bad file of that name: keep both
         target = bad / f"{name}.{secrets.token_hex(3)}"
     os.rename(path, target)
-    (bad / (target.name + ".reason")).write_text(reason + "\n", encoding="utf-8")
+    # a name that is no UTF-8 (bytes from a disk or a hand) is shown escaped in its reason, never fatal
+    (bad / (target.name + ".reason")).write_text(reason + "\n", encoding="utf-8", errors="backslashreplace")
     return target

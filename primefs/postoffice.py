@@ -76,9 +76,9 @@ class PostOffice:
         try:
             mail.quarantine(path, reason)
             where = "moved to mail/bad/"
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever it is, it is not tried again (no hot loop)
             self._stuck.add(path)
-            where = f"left in place (could not be moved: {exc.strerror or exc})"
+            where = f"left in place (could not be moved: {getattr(exc, 'strerror', None) or exc})"
         agent.record("bad_mail", file=path.name, error=reason)
         self.log(f"warning: {agent.session.id}: bad message {where}: {reason}")
 

@@ -160,10 +160,14 @@ def list_sessions(sessions_dir: Path) -> list[Session]:
 
 
 def subtree(children: dict, root: str) -> list[str]:
-    """`root` and all its descendants, given parent -> [children]. Iterative: deep trees are fine."""
-    out, stack = [], [root]
+    """`root` and all its descendants, given parent -> [children]. Iterative: deep trees are fine; a
+    cycle of parents (session.yaml edited by hand) is cut where it comes back."""
+    out, seen, stack = [], set(), [root]
     while stack:
         sid = stack.pop()
+        if sid in seen:
+            continue
+        seen.add(sid)
         out.append(sid)
         stack.extend(children.get(sid, []))
     return out

@@ -185,7 +185,7 @@ class Turns:
     def report_to_parent(self, s: Session, turn: int | None) -> None:
         """A child's turn ended: its result (or error) goes to the parent's mail as `kind: result`."""
         parent = s.meta.get("parent")
-        if not parent:
+        if not parent or s.id in self.tree.chain(parent):  # a cycle of parents: the result would go round
             return
         result = s.read_result() if s.meta.get("stop_reason") in ("answered", "done") else None
         text = result if result is not None else f"(no result: {s.meta.get('error') or s.meta.get('stop_reason')})"

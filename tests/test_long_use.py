@@ -1,0 +1,130 @@
+"""What long use and hand edits do to mail, trees and heartbeats (issue 21, items 28-29): a mail name
+used again, mail no one can print, a cycle of parents, a tree stopped without a runner, a heartbeat that
+never fires. Real runners, real files, the CLI as a user runs it."""
+from __future__ import annotations
+
+import os
+
+from conftest import cli, configure, run_once, session_named
+
+from primefs.goals import write_goal
+from primefs.session import list_sessions
+
+
+def scripted(ws, rules: str):
+    (ws.root / "s.yaml").write_text(rules)
+    return configure(ws, model="scripted/s.yaml")
+
+
+def hand_mail(s, name: str | bytes, text: str):
+    """As the docs say: write in tmp/, rename into new/."""
+    new, tmp = os.fsencode(s.dir / "mail" / "new"), os.fsencode(s.dir / "mail" / "tmp")
+    name = os.fsencode(name)
+    with open(os.path.join(tmp, name), "w") as f:
+        f.write(text)
+    os.rename(os.path.join(tmp, name), os.path.join(new, name))
+
+
+def test_a_mail_name_used_again_is_a_new_message(ws):
+    ws = scripted(ws, "default:\n  - text: ok\n")
+    write_goal(ws, "Hello", name="one")
+    run_once(ws)
+    s = session_named(ws, "one")
+    hand_mail(s, "note.md", "first note")
+    run_once(ws)
+    hand_mail(s, "note.md", "second note")
+    run_once(ws)
+    texts = [e["text"] for e in s.events("message")]
+    assert texts == ["first note", "second note"]
+    cur = sorted(os.listdir(s.dir / "mail" / "cur"))
+    assert len(cur) == 2 and all(n.startswith("note.md") and n.endswith("!2,S") for n in cur), cur
+    assert len(s.events("turn_start")) == 3
+
+
+def test_mail_no_one_can_print_goes_to_bad_and_later_mail_is_read(ws):
+    ws = scripted(ws, "default:\n  - text: ok\n")
+    write_goal(ws, "Hello", name="one")
+    run_once(ws)
+    s = session_named(ws, "one")
+    hand_mail(s, "a-surrogate.md", '---\nfrom: "\\ud800"\nkind: message\n---\nhi\n')  # a legal YAML escape
+    hand_mail(s, b"b-\xff-not-utf8.md", "bytes in the name\n")
+    run_once(ws)
+    hand_mail(s, "c-later.md", "later mail")
+    lines = run_once(ws)
+    s = session_named(ws, "one")
+    assert [e["text"] for e in s.events("message")] == ["later mail"]
+    assert s.status == "idle" and not s.events("error"), (s.status, s.events("error"))
+    bad = sorted(os.listdir(os.fsencode(s.dir / "mail" / "bad")))
+    assert len(bad) == 4 and sum(n.endswith(b".reason") for n in bad) == 2, bad
+    reasons = [(s.dir / "mail" / "bad" / os.fsdecode(n)).read_text() for n in bad if n.endswith(b".reason")]
+    assert any("lone surrogate" in r for r in reasons) and any("not a safe name" in r for r in reasons), reasons
+    assert len(s.events("bad_mail")) == 2
+    assert not any("error" in line for line in lines), lines
+
+
+def test_cycles_of_parents_are_broken_sessions_not_hangs(ws):
+    ws = scripted(ws, "rules:\n  - match: '^Top'\n    replies:\n      - code: \"rlm('Sub').wait()\"\n"
+                      "      - text: top done\ndefault:\n  - text: ok\n")
+    write_goal(ws, "Top", name="top")
+    write_goal(ws, "Alone", name="alone")
+    run_once(ws)
+    top, alone = session_named(ws, "top"), session_named(ws, "alone")
+    sub = next(s for s in list_sessions(ws.sessions) if s.meta.get("parent") == top.id)
+
+    def set_parent(s, parent):
+        path = s.dir / "session.yaml"
+        path.write_text(path.read_text().replace("parent: null", f"parent: {parent}")
+                        .replace(f"parent: {top.id}", f"parent: {parent}"))
+
+    set_parent(alone, alone.id)  # its own parent
+    set_parent(top, sub.id)  # top and sub: each other's parent
+    for args in (["usage", alone.id], ["usage", top.id, "--tree"], ["status"], ["status", "--json"], ["logs", "-n", "5"]):
+        r = cli(ws, *args, timeout=30)
+        assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (args, r.stderr)
+    r = cli(ws, "status")
+    assert r.stdout.count("cycle of parents") + r.stderr.count("cycle of parents") >= 3, r.stdout + r.stderr
+    for s in (alone, sub):
+        hand_mail(s, "more.md", "more")
+    r = cli(ws, "run", "--once", timeout=60)  # before: result mail went round top <-> sub for ever
+    assert r.returncode == 0 and r.stderr.count("cycle of parents") == 3, r.stderr
+    set_parent(alone, "null")  # mended by hand: a session again
+    path = alone.dir / "session.yaml"
+    path.write_text(path.read_text().replace(f"parent: {alone.id}", "parent: null"))
+    r = cli(ws, "run", "--once", timeout=60)
+    assert "more" in [e["text"] for e in alone.events("message")], r.stderr
+
+
+def test_a_tree_stopped_without_a_runner_can_be_archived(ws):
+    ws = scripted(ws, "rules:\n  - match: '^Top'\n    replies:\n      - code: \"h = rlm('Sub')\"\n"
+                      "      - text: waiting\n  - match: '^Sub'\n    replies:\n      - code: \"import time\"\n"
+                      "      - text: sub done\n")
+    write_goal(ws, "Top", name="top")
+    run_once(ws)
+    top = session_named(ws, "top")
+    r = cli(ws, "stop", "top", "--tree")
+    assert r.returncode == 0, r.stderr
+    r = cli(ws, "archive", "--status", "stopped,idle,done")
+    assert r.returncode == 0 and "archived 1 tree(s)" in r.stdout, r.stdout + r.stderr
+    assert not top.dir.exists()
+    r = cli(ws, "log", "top")  # still there for reading, mail and all
+    assert r.returncode == 0 and "stopped" in r.stdout, r.stdout
+
+
+def test_a_heartbeat_that_never_fires_is_refused_once(ws):
+    ws = scripted(ws, "default:\n  - text: ok\n")
+    write_goal(ws, "Beat", name="beat", extra={"heartbeat": {"cron": "0 0 31 2 *"}})
+    r = cli(ws, "run", "--once", timeout=60)
+    assert "goals/beat.md: heartbeat schedule '0 0 31 2 *' never fires" in r.stderr, r.stderr
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr  # 3: a goal was rejected
+    (ws.root / "goals" / "beat.md").unlink()
+    write_goal(ws, "Hello", name="one")
+    run_once(ws)
+    s = session_named(ws, "one")
+    (s.dir / "heartbeats").mkdir()
+    (s.dir / "heartbeats" / "hb-abc123.yaml").write_text(  # by hand, due long ago
+        "id: hb-abc123\nschedule: 0 0 31 2 *\nprompt: wake\npaused: false\nnext_due: 1000\nlast_fired: null\n")
+    r = cli(ws, "run", "--once", timeout=60)
+    assert r.returncode == 0 and r.stderr.count("never fires") == 1, r.stderr  # said once, not 4 times a second
+    assert "heartbeats/hb-abc123.yaml: heartbeat schedule" in r.stderr, r.stderr
+    r = cli(ws, "heartbeat", "list", "one")
+    assert "never fires" in r.stdout + r.stderr, r.stdout + r.stderr
