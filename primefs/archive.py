@@ -246,7 +246,16 @@ def _finish(ws, index: Index, stage: Path, journal: dict) -> None:
     commit_paths(ws.root, [journal["file"], *paths],  # 6: whole folders, their harness/ too (it left with them)
                  f"archive: {journal['root']} ({journal['name']}), {len(members)} session(s) -> {journal['file']}",
                  harness=True)
-    shutil.rmtree(stage)  # 7
+    _remove_stage(stage)  # 7
+
+
+def _remove_stage(stage: Path) -> None:
+    """Renamed first (one atomic step), then removed: a kill half-way through the removal leaves a
+    `.done-` folder the next start removes, never half a stage that looks cut off before its journal."""
+    done = stage.with_name(f".done-{stage.name}")
+    shutil.rmtree(done, ignore_errors=True)
+    os.rename(stage, done)
+    shutil.rmtree(done)
 
 
 def roll_back(ws, stage: Path) -> list[str]:
@@ -301,7 +310,7 @@ def _clear(ws, stage: Path, aside: list[str]) -> list[str]:
     if left:
         _keep_aside(ws, stage.name, stage, "left-in-stage", aside)
     else:
-        shutil.rmtree(stage)
+        _remove_stage(stage)
     return aside
 
 
@@ -312,6 +321,9 @@ def recover(ws, index: Index | None = None) -> list[str]:
         return []
     done = []
     for stage in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if stage.name.startswith(".done-"):  # finished; its removal was cut off
+            shutil.rmtree(stage, ignore_errors=True)
+            continue
         journal = read_journal(stage)
         complete = journal is not None and (ws.root / journal["file"]).is_file()
         if complete:

@@ -1,7 +1,10 @@
 """`primefs archive`: finished session trees leave sessions/ for one zip file each (archive.py)."""
 from __future__ import annotations
 
+import fcntl
 import json
+import time
+from contextlib import contextmanager
 
 import click
 
@@ -9,6 +12,28 @@ from . import archive
 from .cli_logs import parse_when, split_list
 from .cliopts import workspace, ws_option
 from .control import runner_lock
+from .errors import PrimefsError
+
+
+@contextmanager
+def one_at_a_time(ws, timeout: float):
+    """One `primefs archive` at a time: a second waits for the first (which holds the runner lock
+    without being a runner, and shares the one request file with a runner)."""
+    ws.state.mkdir(exist_ok=True)
+    with open(ws.state / "archive.lock", "a+") as lock:
+        deadline, said = time.monotonic() + timeout, False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise PrimefsError(f"another primefs archive still runs after {timeout:g} s") from None
+                if not said:
+                    click.echo("another primefs archive is running: waiting for it", err=True)
+                    said = True
+                time.sleep(0.1)
+        yield
 
 
 def _in_use(ws) -> set[str]:
@@ -45,7 +70,7 @@ def archive_cmd(ctx, before, statuses, dry_run, timeout, as_json):
         result = archive.run(ws, before=args["before"], statuses=tuple(args["statuses"]), dry_run=True,
                              busy=in_use.__contains__)
     else:
-        with runner_lock(ws) as held:
+        with one_at_a_time(ws, timeout), runner_lock(ws) as held:
             result = (archive.run(ws, before=args["before"], statuses=tuple(args["statuses"])) if held
                       else archive.ask_runner(ws, args, timeout))
     if as_json:

@@ -154,6 +154,19 @@ def commit_paths(root: Path, paths: list[str], message: str, *, harness: bool = 
             return index.commit(spec, message)
 
 
+def commit_cut_off(root: Path) -> list[str]:
+    """Session folders a killed runner staged but never committed (commit_paths' `git add` done, its
+    commit not): committed now, at start. The user's index against HEAD: no file of a session is looked
+    at. Returns the folders committed."""
+    out = git(root, "diff", "--cached", "--name-only", "--no-renames", "-z", "HEAD", "--", "sessions/", check=False)
+    folders = sorted({"/".join(p.split("/")[:2]) for p in out.stdout.split("\0") if p.count("/") >= 2})
+    if out.returncode or not folders:
+        return []
+    commit_paths(root, folders, f"recovered: {len(folders)} session(s) staged by a runner stopped before its commit"
+                 "\n\n" + "\n".join(folders))
+    return folders
+
+
 class PrivateIndex:
     """An index file of our own holding HEAD's tree, plus the paths being committed from the user's."""
 

@@ -110,7 +110,7 @@ def moving(root: Path) -> set[str]:
     try:
         with os.scandir(Path(root) / ".primefs" / ARCHIVING) as stages:
             for stage in stages:
-                if stage.is_dir():
+                if stage.is_dir() and not stage.name.startswith("."):  # .done-<root>: already in its zip
                     out.update(session_ids(Path(stage.path)))
     except (FileNotFoundError, NotADirectoryError):
         pass

@@ -29,7 +29,7 @@ from .errors import PrimefsError
 from .forkserver import hide_from_same_user
 from .fsutil import NAME_RE, write_atomic
 from .gateway import ModelGateway
-from .gitops import Committer
+from .gitops import Committer, commit_cut_off
 from .goalctl import GoalControl
 from .intake import Intake
 from .liverequests import LiveRequests
@@ -358,7 +358,13 @@ class Runner:
             self.log(f"archive of {root}: finished or undone after a crash")
         for path in archive.conflicts(self.ws):
             self.log(f"kept aside by an archive roll-back (its place was taken): {path}")
+        self.guarded("committing what a stopped runner staged", self._commit_cut_off)
         self.alive.start()
+
+    def _commit_cut_off(self) -> None:
+        folders = commit_cut_off(self.ws.root)
+        if folders:
+            self.log(f"committed {len(folders)} session folder(s) a stopped runner had staged but not committed")
 
     def _flush_commits(self) -> None:
         if self.turns.committer is not None:

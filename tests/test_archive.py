@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 from conftest import BackgroundRunner, wait_for
@@ -103,7 +104,7 @@ def test_live_or_unfinished_trees_stay(ws):
     assert r.returncode == 1 and r.stderr.startswith("error: --status") and "Traceback" not in r.stderr
 
 
-STEPS = ["journal", "move", "move-goal", "zip", "index", "commit", "cleanup"]
+STEPS = ["journal", "move", "move-goal", "zip", "index", "commit", "cleanup", "cleanup-half"]
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -136,14 +137,22 @@ def test_a_crash_at_any_step_leaves_the_tree_whole_in_one_place(ws, monkeypatch,
         monkeypatch.setattr(archive, "_finish", crash)
     elif step == "commit":
         monkeypatch.setattr(archive, "commit_paths", crash)
-    else:
+    elif step == "cleanup":
         monkeypatch.setattr(archive.shutil, "rmtree", crash)
+    else:  # killed half-way through removing the stage: its journal gone, session files left
+        def half(path, *a, **k):
+            files = sorted(Path(path).rglob("*"), key=lambda p: p.name != "journal.json")
+            for f in [f for f in files if f.is_file()][:3]:
+                f.unlink()
+            raise Crash(step)
+        monkeypatch.setattr(archive.shutil, "rmtree", half)
     with pytest.raises(Crash):
         archive.run(ws)
     monkeypatch.undo()
     recover(ws)
     where = whole_somewhere(ws, root, members)
-    assert where == ("archived" if step in ("index", "commit", "cleanup") else "here")
+    assert where == ("archived" if step in ("index", "commit", "cleanup", "cleanup-half") else "here")
+    assert not archive.conflicts(ws) and not list(archive.staging(ws).glob("*"))  # nothing said at each start
     status = {r["id"] for r in json.loads(cli(ws, "status", "--json").stdout)}
     assert status == (set() if where == "archived" else set(members))
     if where == "archived":  # committed, searchable

@@ -128,3 +128,68 @@ def test_a_heartbeat_that_never_fires_is_refused_once(ws):
     assert "heartbeats/hb-abc123.yaml: heartbeat schedule" in r.stderr, r.stderr
     r = cli(ws, "heartbeat", "list", "one")
     assert "never fires" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_runner_killed_in_a_turn_commit_has_it_committed_at_the_next_start(ws, tmp_path):
+    """SIGKILL in the window between commit_paths' `git add` and its commit (a `git` on PATH that holds
+    `commit-tree` until killed): the turn's files were staged in the user's index, never committed."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+
+    ws = scripted(ws, "default:\n  - text: ok\n")
+    write_goal(ws, "Hello", name="one")
+    run_once(ws)
+    real_git = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True).stdout.strip()
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    mark = tmp_path / "in-commit-tree"
+    (slow / "git").write_text(f'#!/bin/sh\nif [ "$3" = commit-tree ]; then touch {mark}; sleep 61; fi\n'
+                              f'exec {real_git} "$@"\n')
+    (slow / "git").chmod(0o755)
+    s = session_named(ws, "one")
+    hand_mail(s, "more.md", "more")
+    env = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(mark.exists, what="the turn's commit")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    subprocess.run(["pkill", "-f", "sleep 61"], check=False)  # the held git, if still there
+
+    def staged():
+        return subprocess.run(["git", "-C", str(ws.root), "diff", "--cached", "--name-only", "HEAD"],
+                              capture_output=True, text=True).stdout.split()
+
+    assert any(p.startswith(f"sessions/{s.id}/") for p in staged())  # what the kill left
+    r = cli(ws, "run", "--once")
+    assert r.returncode == 0 and "staged but not committed" in r.stderr, r.stderr
+    assert staged() == []
+    log = subprocess.run(["git", "-C", str(ws.root), "log", "--format=%s"], capture_output=True, text=True).stdout
+    assert "recovered: 1 session(s) staged by a runner stopped before its commit" in log, log
+    assert "more" in [e["text"] for e in s.events("message")]
+
+
+def test_two_archive_commands_at_once_without_a_runner(ws):
+    """The second waits for the first (it holds the runner lock without being a runner), then finds
+    nothing left: before, it took the first for a runner and said the runner had stopped."""
+    import subprocess
+    import sys
+
+    ws = scripted(ws, "default:\n  - text: ok\n")
+    for i in range(6):
+        write_goal(ws, f"Tree {i}", name=f"t{i}")
+    run_once(ws)
+    cmd = [sys.executable, "-m", "primefs", "-w", str(ws.root), "archive", "--status", "idle"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert not any("the runner stopped" in err for _, err in outs), outs
+    archived = sorted(int(out.split()[1]) for out, _ in outs)
+    assert sum(archived) == 6, outs
