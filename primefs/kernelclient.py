@@ -15,6 +15,24 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _context = None
 
 
+def close_thread_loop() -> None:
+    """jupyter_client's blocking calls make an asyncio loop for each thread that calls them and never
+    close it: an epoll and a socket pair left open per thread (a runner's turn is a thread of its own,
+    so thousands over days). A thread that may have called a kernel closes its loop before it ends."""
+    import asyncio
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        return  # one loop for the life of the process; asking for it here would make one
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:  # none was made in this thread
+        return
+    if not loop.is_running():
+        loop.close()
+    asyncio.set_event_loop(None)
+
+
 def zmq_context():
     """One zmq context for every kernel connection of this process.
 

@@ -14,6 +14,7 @@ from .bell import Bell
 from .conversation import fenced_code
 from .errors import PrimefsError
 from .gitops import Committer, Mark
+from .kernelclient import close_thread_loop
 from .goalctl import GoalControl
 from .postoffice import PostOffice
 from .refine import run_refine
@@ -69,6 +70,7 @@ class Turns:
         finally:
             if agent is not None and not self.bell.stopping:
                 self.park(agent)
+            close_thread_loop()  # this thread ends with this call (scheduler.py): its asyncio loop with it
         if self.bell.stopping:
             return False
         try:

@@ -32,7 +32,8 @@ def test_runner_reacts_to_goal_and_mail_files(ws, server):
         os.rename(s.mail / "tmp" / "note1", s.mail / "new" / "note1")
         wait_for(lambda: s.read_result() == "second answer", what="second result")
     msgs = s.events("message")
-    assert [(m["id"], m["from"], m["kind"], m["text"]) for m in msgs] == [("note1", "user", "user", "please continue")]
+    assert [(m["from"], m["kind"], m["text"]) for m in msgs] == [("user", "user", "please continue")]
+    assert msgs[0]["id"].startswith("note1.")  # the name, then the file's identity (a name used again is new mail)
     last = server.requests[-1]["messages"]
     assert "[user from user]\nplease continue" in [m.get("content") for m in last]
     assert os.listdir(s.mail / "new") == [] and os.listdir(s.mail / "cur") == ["note1!2,S"]

@@ -1,0 +1,92 @@
+"""Leaks over time: one runner under the load of long use (mail to a few sessions every 1-3 s, a
+heartbeat every 10 s), its open files by kind and its memory sampled as it goes. For work that runs for
+months these must stay flat after the warm-up.
+
+    python bench/leaks.py              # 10 minutes, a sample a minute
+    python bench/leaks.py 3 20         # 3 minutes, a sample every 20 s
+
+Prints one line per sample (seconds, fds: total, epoll, sockets, pipes; RSS MiB; messages so far), then
+JSON with the growth from the first sample after the warm-up to the last, and per minute.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+from common import scripted_workspace
+
+from primefs import mail
+from primefs.session import list_sessions
+
+SCRIPT = """\
+rules:
+  - match: "^Talk"
+    replies:
+""" + "".join(f"      - code: \"n = {i}\\nprint(n)\"\n      - text: reply {i}\n" for i in range(3000))
+
+
+def fd_kinds(pid: int) -> Counter:
+    kinds: Counter = Counter()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        kinds["epoll" if "eventpoll" in target else target.split(":")[0] if ":" in target else "file"] += 1
+    return kinds
+
+
+def sample(pid: int) -> dict:
+    kinds = fd_kinds(pid)
+    rss = next(int(line.split()[1]) for line in open(f"/proc/{pid}/status") if line.startswith("VmRSS:"))
+    return {"fds": sum(kinds.values()), "epoll": kinds["epoll"], "sockets": kinds["socket"], "pipes": kinds["pipe"],
+            "rss_mib": round(rss / 1024, 1)}
+
+
+def main(minutes: float = 10.0, every_s: float = 60.0, warm_s: float = 30.0, seed: int = 0) -> dict:
+    rnd = random.Random(seed)
+    ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": 4})
+    names = [f"talk{i}" for i in range(3)]
+    for name in names:
+        (ws.goals / f"{name}.md").write_text(f"---\nname: {name}\n---\nTalk {name}\n")
+    (ws.goals / "beat.md").write_text("---\nname: beat\nheartbeat: every 10s\n---\nTalk beat\n")
+    proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sessions: dict = {}
+    while len(sessions) < len(names):
+        sessions = {s.name: s for s in list_sessions(ws.sessions) if s.name in names}
+        time.sleep(0.2)
+    started = time.monotonic()
+    samples, sent, next_sample = [], 0, started + warm_s
+    end = started + warm_s + minutes * 60
+    try:
+        while time.monotonic() < end:
+            s = sessions[rnd.choice(names)]
+            mail.deliver(s.mail, sender="user", to=s.id, kind="user", text=f"message {sent}")
+            sent += 1
+            if time.monotonic() >= next_sample:
+                row = {"s": round(time.monotonic() - started), **sample(proc.pid), "messages": sent}
+                samples.append(row)
+                print(" ".join(f"{k}={v}" for k, v in row.items()), file=sys.stderr, flush=True)
+                next_sample += every_s
+            time.sleep(rnd.uniform(1, 3))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    first, last = samples[0], samples[-1]
+    per_min = max(1e-9, (last["s"] - first["s"]) / 60)
+    return {"minutes": minutes, "messages": sent, "first": first, "last": last,
+            "growth": {k: round(last[k] - first[k], 1) for k in ("fds", "epoll", "sockets", "pipes", "rss_mib")},
+            "per_minute": {k: round((last[k] - first[k]) / per_min, 2) for k in ("fds", "rss_mib")},
+            "workspace": str(ws.root)}
+
+
+if __name__ == "__main__":
+    args = [float(a) for a in sys.argv[1:3]]
+    print(json.dumps(main(*args), indent=1))
