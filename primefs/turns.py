@@ -14,8 +14,8 @@ from .bell import Bell
 from .conversation import fenced_code
 from .errors import PrimefsError
 from .gitops import Committer, Mark
-from .kernelclient import close_thread_loop
 from .goalctl import GoalControl
+from .kernelclient import close_thread_loop
 from .postoffice import PostOffice
 from .refine import run_refine
 from .scheduler import Scheduler
