@@ -146,7 +146,7 @@ def parse(path: Path, to: str = "", root: Path | None = None) -> Message:
 def _parse(path: Path, to: str, root: Path | None) -> Message:
     meta, body = frontmatter.read(path, path.name, safe=True, max_bytes=MAX_BYTES, root=root)
     mid = meta.get("id")
-    if mid is None:  # written by hand: its name and the file itself (a name used again is a new message)
+    if mid in (None, ""):  # written by hand: its name and the file itself (a name used again is a new message)
         st = os.stat(path)
         mid = f"{base_name(path).removesuffix('.md')[:96]}.{st.st_ino:x}.{st.st_mtime_ns:x}"
     mid = str(mid)
