@@ -68,23 +68,6 @@ def broken_database(exc: Exception) -> bool:
     return isinstance(exc, sqlite3.DatabaseError)
 
 
-def parent_cycles(parent_of: dict) -> set[str]:
-    """The sessions in a cycle of parents (a session.yaml edited by hand: its own parent, or two that
-    are each other's); they count as roots. Each session is walked once: linear in the sessions."""
-    walked: set[str] = set()
-    cyclic: set[str] = set()
-    for start in parent_of:
-        path: dict[str, int] = {}
-        sid = start
-        while sid in parent_of and sid not in walked and sid not in path:
-            path[sid] = len(path)
-            sid = parent_of[sid]
-        if sid in path:  # came back to itself: from there on is the cycle
-            cyclic.update(list(path)[path[sid]:])
-        walked.update(path)
-    return cyclic
-
-
 CYCLE = "its parent is itself or its own descendant: a cycle of parents (session.yaml edited by hand?)"
 
 
@@ -277,20 +260,39 @@ class Index:
             gone = [sid for sid in gone if sid not in staged]
         if changed or gone:
             self.write(self.store, changed, gone)
-            self._mark_cycles(out)
+            self._mark_cycles(changed, out)
         missing = [sid for sid, row in out.items() if row is None]
         if missing:
             stored = self.rows(None if ids is None else missing, light=meta_only or light)
             out.update((sid, stored[sid]) for sid in missing if sid in stored)
         return out
 
-    def _mark_cycles(self, out: dict) -> None:
+    def _mark_cycles(self, changed: list[dict], out: dict) -> None:
         """Sessions in a cycle of parents are broken (shown with CYCLE, never run): a tree must end at a
-        root, or a result would go round it for ever. Looked at when a row changed; a mended cycle heals."""
-        rows = self.run(lambda db: db.execute("SELECT id, parent, broken FROM sessions WHERE place = ''").fetchall())
-        cyclic = parent_cycles({sid: parent for sid, parent, broken in rows if broken in (None, CYCLE)})
-        flips = [(CYCLE if sid in cyclic else None, sid) for sid, _, broken in rows
-                 if broken in (None, CYCLE) and (broken == CYCLE) != (sid in cyclic)]
+        root, or a result would go round it for ever. Only a row with a parent can be in one, and only a
+        marked one can heal, so only those are walked up (a few rows each, not the whole table)."""
+        def look(db) -> list[tuple]:
+            def stored(sid):  # (parent, broken) of a session in sessions/, or None
+                return db.execute("SELECT parent, broken FROM sessions WHERE id = ? AND place = ''", (sid,)).fetchone()
+
+            suspects = {r["id"] for r in changed if r.get("parent")}
+            suspects.update(sid for (sid,) in db.execute("SELECT id FROM sessions WHERE broken = ?", (CYCLE,)))
+            flips = []
+            for sid in suspects:
+                row = stored(sid)
+                if row is None or row[1] not in (None, CYCLE):  # a broken session.yaml: its parent is unknown
+                    continue
+                seen, up = {sid}, row[0]
+                while up is not None and up not in seen:
+                    seen.add(up)
+                    above = stored(up)
+                    up = above[0] if above is not None and above[1] in (None, CYCLE) else None
+                now = CYCLE if up == sid else None  # back at itself (not merely into a cycle above it)
+                if now != row[1]:
+                    flips.append((now, sid))
+            return flips
+
+        flips = self.run(look)
         if flips:
             self.write(lambda db: db.executemany("UPDATE sessions SET broken = ? WHERE id = ?", flips))
             for broken, sid in flips:

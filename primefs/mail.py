@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +52,16 @@ def mend(mail_dir: Path) -> list[str]:
     Returns what was kept aside ("mail/cur")."""
     aside = []
     for path in (mail_dir, *(mail_dir / sub for sub in ("tmp", "new", "cur"))):
-        if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()):
+        try:  # one lstat a folder: this runs at each delivery and each look at the mail
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                continue
             if path == mail_dir:
                 os.rename(path, path.with_name(f"mail.not-a-folder.{secrets.token_hex(3)}"))
             else:
                 quarantine(path, f"mail/{path.name} was not a folder: kept here, the folder made again")
             aside.append("mail" if path == mail_dir else f"mail/{path.name}")
+        except FileNotFoundError:
+            pass
         path.mkdir(exist_ok=True)
     return aside
 
