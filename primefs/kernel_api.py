@@ -118,17 +118,10 @@ class HistoryAPI:
         self._path = Path(path)
 
     def events(self, type: str | None = None, last: int | None = None) -> list[dict]:
-        out = []
+        from primefs.history import events_of  # the runner's reader: the same lines skipped, a torn last one too
+
         with open(self._path, "rb") as f:
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break  # a line still being written
-                try:
-                    e = json.loads(line)
-                except (ValueError, RecursionError):  # (the runner's history.parse_event does more)
-                    continue
-                if type is None or e.get("type") == type:
-                    out.append(e)
+            out = [e for e in events_of(f) if type is None or e.get("type") == type]
         return out[-last:] if last else (out if last is None else [])
 
     def search(self, pattern: str, type: str | None = None) -> list[dict]:
