@@ -42,11 +42,26 @@ def fd_kinds(pid: int) -> Counter:
     return kinds
 
 
+def memory(pid: int) -> dict:
+    """RSS in MiB split by where it lives: the brk heap, other anonymous maps (malloc arenas of
+    threads, thread stacks, mmap'd blocks) and files (code, shared libraries)."""
+    kib = Counter()
+    kind = "file"
+    for line in open(f"/proc/{pid}/smaps"):
+        head = line.split()
+        if not line[0].isupper() or not head[0].endswith(":"):  # a mapping's first line
+            path = head[5] if len(head) > 5 else "["
+            kind = "heap" if path == "[heap]" else "anon" if path.startswith("[") else "file"
+        elif head[0] == "Rss:":
+            kib[kind] += int(head[1])
+    return {k: round(kib[k] / 1024, 1) for k in ("heap", "anon", "file")}
+
+
 def sample(pid: int) -> dict:
     kinds = fd_kinds(pid)
-    rss = next(int(line.split()[1]) for line in open(f"/proc/{pid}/status") if line.startswith("VmRSS:"))
+    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
     return {"fds": sum(kinds.values()), "epoll": kinds["epoll"], "sockets": kinds["socket"], "pipes": kinds["pipe"],
-            "rss_mib": round(rss / 1024, 1)}
+            "threads": int(status["Threads"]), "rss_mib": round(int(status["VmRSS"].split()[0]) / 1024, 1), **memory(pid)}
 
 
 def main(minutes: float = 10.0, every_s: float = 60.0, warm_s: float = 30.0, seed: int = 0) -> dict:
@@ -82,8 +97,8 @@ def main(minutes: float = 10.0, every_s: float = 60.0, warm_s: float = 30.0, see
     first, last = samples[0], samples[-1]
     per_min = max(1e-9, (last["s"] - first["s"]) / 60)
     return {"minutes": minutes, "messages": sent, "first": first, "last": last,
-            "growth": {k: round(last[k] - first[k], 1) for k in ("fds", "epoll", "sockets", "pipes", "rss_mib")},
-            "per_minute": {k: round((last[k] - first[k]) / per_min, 2) for k in ("fds", "rss_mib")},
+            "growth": {k: round(last[k] - first[k], 1) for k in ("fds", "epoll", "sockets", "pipes", "threads", "rss_mib", "heap", "anon")},
+            "per_minute": {k: round((last[k] - first[k]) / per_min, 2) for k in ("fds", "rss_mib", "heap", "anon")},
             "workspace": str(ws.root)}
 
 

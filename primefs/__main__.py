@@ -1,3 +1,3 @@
-from .cli import main
+from primefs.cli import main
 
 main()

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from . import summary as summaries
-from .index import Entry, Index
-from .session import Session, subtree
+from primefs import summary as summaries
+from primefs.index import Entry, Index
+from primefs.session import Session, subtree
 
 FIELDS = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
 

@@ -5,27 +5,26 @@ import threading
 import time
 from pathlib import Path
 
-from . import livefeed, sandbox, tracing, trust
-from .bell import Bell
-from .compaction import maybe_compact
-from .conversation import code_of_call, fenced_code, rebuild, to_messages
-from .errors import PrimefsError
-from .gateway import ModelGateway
-from .goalctl import BudgetExhausted, SessionStopping
-from .harness import Harness, render_for_prompt
-from .kernel import SessionKernel
-from .kernelclient import CellResult, cut
-from .kernelhost import KernelHost, KernelSpec
-from .localkernels import kernel_env
-from .models import key_files
-from .postoffice import PostOffice
-from .prompt import system_prompt
-from .providers.base import PYTHON_TOOL, ModelError
-from .session import Session
-from .settings import check_sandbox
-from .toolbox import ToolBox
-from .tools import render_for_prompt as render_tools
-from .tree import SessionTree
+from primefs import livefeed, sandbox, tracing, trust
+from primefs.bell import Bell
+from primefs.compaction import maybe_compact
+from primefs.conversation import code_of_call, fenced_code, rebuild, to_messages
+from primefs.errors import BudgetExhausted, PrimefsError, SessionStopping
+from primefs.gateway import ModelGateway
+from primefs.harness import Harness, render_for_prompt
+from primefs.kernel import SessionKernel
+from primefs.kernelclient import CellResult, cut
+from primefs.kernelhost import KernelHost, KernelSpec
+from primefs.localkernels import kernel_env
+from primefs.models import key_files
+from primefs.postoffice import PostOffice
+from primefs.prompt import system_prompt
+from primefs.providers.base import PYTHON_TOOL, ModelError
+from primefs.session import Session
+from primefs.settings import check_sandbox
+from primefs.toolbox import ToolBox
+from primefs.tools import render_for_prompt as render_tools
+from primefs.tree import SessionTree
 
 
 def format_cell(res: CellResult, limits: dict) -> str:

@@ -12,10 +12,11 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from .cliopts import print_table, workspace, ws_option
-from .daemon import human_age, runner_state
-from .index import Entry, Index
-from .sessionsview import Row, arrange, table, window
+from primefs.cliopts import print_table, workspace, ws_option
+from primefs.when import human_age
+from primefs.control import runner_state
+from primefs.index import Entry, Index
+from primefs.sessionsview import Row, arrange, table, window
 
 
 class _Track:

@@ -28,13 +28,13 @@ import threading
 import time
 from pathlib import Path
 
-from . import mail
-from .control import REFINE_FILE, STOP_FILE
-from .errors import PrimefsError
-from .fsutil import NAME_RE
-from .index import Index, session_ids
-from .inotify import CHANGES, IN_ATTRIB, Inotify
-from .session import broken_goal_line
+from primefs import mail
+from primefs.control import REFINE_FILE, STOP_FILE
+from primefs.errors import PrimefsError
+from primefs.fsutil import NAME_RE
+from primefs.index import Index, session_ids
+from primefs.inotify import CHANGES, IN_ATTRIB, Inotify
+from primefs.session import broken_goal_line
 
 SETTLE_S = 60.0  # an awake session settled this long goes dormant
 RACY_S = 2.0  # mtimes this recent are not trusted: a second change in the same clock tick keeps the time

@@ -33,14 +33,14 @@ import zipfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from . import __version__
-from .errors import PrimefsError
-from . import summary as summaries
-from .eventindex import index_histories, sync_events
-from .fsutil import NAME_RE, fsync_dir, open_regular, walk_tree, write_atomic
-from .gitops import commit_paths, git
-from .index import ARCHIVING, Index, read_result, row_of
-from .summary import stat_key
+from primefs import __version__
+from primefs.errors import PrimefsError
+from primefs import summary as summaries
+from primefs.eventindex import index_histories, sync_events
+from primefs.fsutil import NAME_RE, fsync_dir, open_regular, walk_tree, write_atomic
+from primefs.gitops import commit_paths, git
+from primefs.index import ARCHIVING, Index, read_result, row_of
+from primefs.summary import stat_key
 
 ARCHIVE = "archive"
 MANIFEST = "primefs-archive.json"
@@ -372,7 +372,7 @@ REQUEST = "archive.request"
 
 def ask_runner(ws, request: dict, timeout: float) -> dict:
     """Leave a request for the running runner and wait for its answer."""
-    from .control import runner_lock
+    from primefs.control import runner_lock
 
     rid = secrets.token_hex(4)
     write_atomic(ws.state / REQUEST, json.dumps({"id": rid, **request}))

@@ -9,15 +9,15 @@ import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import summary as summaries
-from .errors import PrimefsError
-from .eventindex import EventIndexer
-from .fsutil import open_regular
-from .history import events_of, parse_event
-from .index import Index, row_of
-from .session import find_session
-from .archive import ARCHIVE, MANIFEST
-from .summary import stat_key
+from primefs import summary as summaries
+from primefs.errors import PrimefsError
+from primefs.eventindex import EventIndexer
+from primefs.fsutil import open_regular
+from primefs.history import events_of, parse_event
+from primefs.index import Index, row_of
+from primefs.index import find_session
+from primefs.archive import ARCHIVE, MANIFEST
+from primefs.summary import stat_key
 
 # What reading a damaged archive raises: not a zip, cut short, bad deflate data, marked encrypted, another
 # compression method, a member missing, a manifest that is not ours. Such an archive is skipped, never fatal.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .errors import PrimefsError
-from .cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option
-from .workspace import init_workspace
+from primefs import __version__
+from primefs.errors import PrimefsError
+from primefs.cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option
+from primefs.workspace import init_workspace
 
 
 
@@ -147,7 +147,7 @@ def init(directory, source, as_json):
 def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions, heartbeat, heartbeat_prompt,
          tool_names, as_json):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
-    from .settings import BUDGET_KEYS, check_budget
+    from primefs.settings import BUDGET_KEYS, check_budget
 
     ws = workspace(ctx)
     if text == "-":
@@ -160,8 +160,8 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
     if budgets:
         extra["budget"] = check_budget(_pairs(budgets, "--budget", BUDGET_KEYS, number=True), "--budget")
     if conditions:
-        from .settings import check_end_conditions
-        from .plugins import end_conditions, plugin_manager
+        from primefs.settings import check_end_conditions
+        from primefs.plugins import end_conditions, plugin_manager
 
         pairs = [c.partition("=") for c in conditions]
         if any(not sep or not name for name, sep, _ in pairs):
@@ -171,17 +171,17 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
     if heartbeat_prompt and not heartbeat:
         raise PrimefsError("--heartbeat-prompt needs --heartbeat SCHEDULE")
     if heartbeat:
-        from .heartbeat import from_spec
+        from primefs.heartbeat import from_spec
 
         spec = {"schedule": heartbeat, **({"prompt": heartbeat_prompt} if heartbeat_prompt else {})}
         from_spec(spec)  # a bad schedule fails here, not in the runner
         extra["heartbeat"] = spec
     if tool_names is not None:
-        from .tools import check_selection
+        from primefs.tools import check_selection
 
         selection = check_selection(tool_names, "--tools")
         extra["tools"] = "all" if selection is None else selection
-    from .goals import write_goal
+    from primefs.goals import write_goal
 
     path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra or None)
     rel = path.relative_to(ws.root).as_posix()
@@ -205,9 +205,9 @@ def run(ctx, once, quiet, verbose, ray):
     With --once, the exit code says how it went: 0 when every session it ran ended without failure
     and every goal file was accepted, 3 otherwise (the work is still all done and recorded).
     """
-    from . import livefeed
-    from .logview import Narrator
-    from .runner import Runner
+    from primefs import livefeed
+    from primefs.logview import Narrator
+    from primefs.runner import Runner
 
     ws = workspace(ctx)
     if quiet and verbose:
@@ -243,8 +243,8 @@ def run(ctx, once, quiet, verbose, ray):
 
 def goal_notes(ws, model: str | None) -> list[str]:
     """What is worth saying when a goal is added: the model's key not set, no runner running."""
-    from .daemon import lock_held
-    from .models import key_problem
+    from primefs.control import lock_held
+    from primefs.models import key_problem
 
     notes = []
     problem = key_problem(ws, model or ws.default_model())
@@ -272,7 +272,7 @@ def _pairs(pairs, flag: str, known, number: bool = False) -> dict:
 
 
 def parse_limits(pairs) -> dict:
-    from .settings import CHOICES, DEFAULT_LIMITS, check_limits
+    from primefs.settings import CHOICES, DEFAULT_LIMITS, check_limits
 
     words = [p for p in pairs if p.partition("=")[0] in CHOICES]  # e.g. snapshot=off
     limits = _pairs([p for p in pairs if p not in words], "--limit", DEFAULT_LIMITS, number=True)
@@ -291,9 +291,9 @@ def send(ctx, session, text, as_json):
     """Mail TEXT to SESSION (id or name) as `kind: user`; an idle or finished session takes a new turn
     (when a runner runs). TEXT '-' reads standard input.
     """
-    from .daemon import lock_held
-    from .mail import deliver
-    from .session import find_session
+    from primefs.control import lock_held
+    from primefs.mail import deliver
+    from primefs.index import find_session
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
@@ -322,12 +322,12 @@ def send(ctx, session, text, as_json):
 @click.pass_context
 def stop(ctx, session, tree, as_json):
     """Stop SESSION (id or name): its running cell is interrupted and it takes no more turns."""
-    from .control import request_stop
-    from .session import find_session
+    from primefs.control import request_stop
+    from primefs.index import descendants, find_session
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
-    done = request_stop(ws, s.id, tree=tree)
+    done = request_stop(ws, [s.id] + (descendants(ws, s.id) if tree else []))
     emit(as_json, [{"session": sid, "outcome": how} for sid, how in done],
          "\n".join(f"{sid}: {how}" for sid, how in done))
 

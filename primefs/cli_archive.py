@@ -8,11 +8,12 @@ from contextlib import contextmanager
 
 import click
 
-from . import archive
-from .cli_logs import parse_when, split_list
-from .cliopts import workspace, ws_option
-from .control import runner_lock
-from .errors import PrimefsError
+from primefs import archive
+from primefs.when import parse_when
+from primefs.cli_logs import split_list
+from primefs.cliopts import workspace, ws_option
+from primefs.control import runner_lock
+from primefs.errors import PrimefsError
 
 
 @contextmanager
@@ -38,7 +39,7 @@ def one_at_a_time(ws, timeout: float):
 
 def _in_use(ws) -> set[str]:
     """Sessions a running runner works on now (for a dry run: the runner itself decides at the time)."""
-    from .daemon import runner_state
+    from primefs.control import runner_state
 
     state = runner_state(ws).get("state") or {}
     return {sid for key in ("active_sessions", "waiting_sessions", "queued_sessions") for sid in state.get(key) or []}

@@ -11,14 +11,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .cliopts import print_table, ws_option
-from .errors import PrimefsError
+from primefs.cliopts import print_table, ws_option
+from primefs.errors import PrimefsError
 
 
 def plugin_workspace(ctx) -> tuple:
     """(workspace, how it was found) whose plugins/*.py are loaded, found as every command finds it;
     outside any workspace (None, where we looked): eval needs none."""
-    from .workspace import find_workspace
+    from primefs.workspace import find_workspace
 
     ws_dir = (ctx.obj or {}).get("workspace")
     if ws_dir:
@@ -82,8 +82,8 @@ def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, config, ou
 
     The items run in a fresh workspace inside the output folder, or with -w in that workspace
     (its primefs.yaml is not changed: the eval's model and limits go into each item's session)."""
-    from .evaluate import load_config, rerun_eval, run_eval
-    from .plugins import benchmarks, plugin_manager
+    from primefs.evaluate import load_config, rerun_eval, run_eval
+    from primefs.plugins import benchmarks, plugin_manager
 
     plugin_ws, how = plugin_workspace(ctx)
     ws = plugin_ws if how == "given with -w" else None
@@ -106,7 +106,7 @@ def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, config, ou
                                               progress=progress)
         _show(summary, out_dir, as_json, extra={"differences": diff, "notes": notes})
         if not as_json:
-            from .evalrecord import describe
+            from primefs.evalrecord import describe
 
             for line in notes:
                 click.echo(f"note: {line}")
@@ -184,7 +184,7 @@ def report_cmd(runs, out, as_json):
     """Report on eval runs: a Markdown table per benchmark, model and mode (mean score with a 95%
     confidence interval, tokens, cost, wall time, failures by stop reason) and PNG plots of score
     against tokens, cost and context length. Writes report.md, report.json and the PNGs; prints the table."""
-    from .evalreport import write_report
+    from primefs.evalreport import write_report
 
     out_dir = Path(out) if out else (Path(runs[0]) / "report" if len(runs) == 1
                                      else Path(f"eval-reports/report-{datetime.now():%Y%m%d-%H%M%S}"))

@@ -8,10 +8,10 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from .errors import PrimefsError
-from .cliopts import emit, json_option, print_table, workspace, ws_option
-from .harness import KINDS, Harness, session_chain
-from .harnessgit import summary
+from primefs.errors import PrimefsError
+from primefs.cliopts import emit, json_option, print_table, workspace, ws_option
+from primefs.harness import KINDS, Harness, session_chain
+from primefs.harnessgit import summary
 
 
 def _ws(ctx):
@@ -55,7 +55,7 @@ def show(ctx, kind, name, session):
     """Print one entry: its file, front matter and body."""
     ws = _ws(ctx)
     if session:
-        from .session import find_session
+        from primefs.index import find_session
 
         session = find_session(ws.sessions, session).id
     e = Harness(ws).get(kind, name, sessions=session_chain(ws, session) if session else ())
@@ -83,7 +83,7 @@ def put(ctx, kind, name, body_file, description, scope, session, as_json):
     """Create or update an entry (committed with Primefs-Source: user). Same content: no commit."""
     ws = _ws(ctx)
     if session:
-        from .session import find_session
+        from primefs.index import find_session
 
         session = find_session(ws.sessions, session).id
     h = Harness(ws)
@@ -193,9 +193,9 @@ def refine_cmd(ctx, session, instructions, scope, model, as_json):
     """One model call proposes harness edits from SESSION's recent events; valid ones are committed."""
     import fcntl
 
-    from .fsutil import ring, write_atomic
-    from .control import REFINE_FILE
-    from .session import find_session
+    from primefs.fsutil import ring, write_atomic
+    from primefs.control import REFINE_FILE
+    from primefs.index import find_session
 
     ws = _ws(ctx)
     s = find_session(ws.sessions, session)
@@ -213,7 +213,7 @@ def refine_cmd(ctx, session, instructions, scope, model, as_json):
                  f"refine requested; the running runner applies it (see `primefs log {s.id}`)")
             return
         # holding the runner lock: no runner can start and write this history meanwhile
-        from .runner import refine_offline
+        from primefs.runner import refine_offline
 
         result = refine_offline(ws, s.id, request, log=lambda m: click.echo(m, err=True))
     if result.get("error"):  # one line, printed once by the CLI's error handler

@@ -7,9 +7,10 @@ from datetime import datetime
 import click
 from rich.table import Table
 
-from . import heartbeat as hbmod
-from .cliopts import emit, json_option, print_table, workspace, ws_option
-from .session import find_session, list_sessions
+from primefs import heartbeat as hbmod
+from primefs.cliopts import emit, json_option, print_table, workspace, ws_option
+from primefs.index import find_session
+from primefs.session import list_sessions
 
 
 class HeartbeatGroup(click.Group):

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .cliopts import emit, json_option, print_table, workspace, ws_option
+from primefs.cliopts import emit, json_option, print_table, workspace, ws_option
 
 
 def _table(*columns: str) -> Table:
@@ -28,7 +28,7 @@ def models_cmd(ctx, as_json):
     A key is looked for as litellm would: the alias's api_key or api_key_env, else the provider's
     standard variable (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...). Nothing is sent anywhere.
     """
-    from .models import listing
+    from primefs.models import listing
 
     rows = listing(workspace(ctx))
     if as_json:
@@ -51,7 +51,7 @@ def plugins_cmd(ctx, as_json):
     failed to load, with why. PRIMEFS_LOAD_PLUGINS=0 turns the last two kinds off."""
     import warnings
 
-    from .plugins import plugin_manager, plugin_report
+    from primefs.plugins import plugin_manager, plugin_report
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # failures are listed below, not warned about
@@ -87,7 +87,7 @@ def trust_cmd(ctx, paths, trust_all, revoke, as_json):
       primefs trust --all               trust everything listed
       primefs trust --revoke PATH
     """
-    from . import trust
+    from primefs import trust
 
     ws = workspace(ctx)
     if revoke:

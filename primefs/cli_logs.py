@@ -2,36 +2,19 @@
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
 from datetime import datetime
 
 import click
 
-from .archived import read_events, sync_archives
-from .cliopts import workspace, ws_option
-from .errors import PrimefsError
-from .eventindex import search, sync_events
-from .index import Index
+from primefs.archived import read_events, sync_archives
+from primefs.cliopts import workspace, ws_option
+from primefs.errors import PrimefsError
+from primefs.eventindex import search, sync_events
+from primefs.index import Index
+from primefs.when import parse_when
 
-RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_when(text: str | None, option: str) -> float | None:
-    """`2026-11-29`, `2026-11-29 14:00[:00]` (local time, or with an offset), or `30m`/`2h`/`7d`/`1w` ago."""
-    if text is None:
-        return None
-    value = text.strip()
-    m = RELATIVE.match(value)
-    if m:
-        return time.time() - float(m.group(1)) * UNITS[m.group(2)]
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        raise PrimefsError(f"{option}: {text!r} is not a date: use 2026-11-29, '2026-11-29 14:00', or 30m, 2h, 7d "
-                           "(that long ago)") from None
 
 
 def split_list(value: str | None, option: str, allowed: tuple | None = None) -> list[str] | None:
@@ -121,7 +104,7 @@ def _sessions(index: Index, keys: tuple, tree: bool) -> list[str] | None:
 def logs_cmd(ctx, count, sessions, tree, name, statuses, model, since, until, types, text, counts, as_json):
     """Events of every session (archived ones too), newest last, from the index: filter by session, name,
     status, model, time, type and text."""
-    from .settings import STATUSES
+    from primefs.settings import STATUSES
 
     if count < 0:
         raise PrimefsError("-n/--count must be 0 (all) or more")
@@ -176,9 +159,9 @@ def _counts_text(found: dict) -> str:
 def reindex_cmd(ctx, summaries, as_json):
     """Rebuild the index (.primefs/index.sqlite) from the files: sessions, their summaries, every event of
     every history and archive. Any command brings the index up to date by itself; this starts it over."""
-    from . import summary as summ
-    from .archive import recover
-    from .control import runner_lock
+    from primefs import summary as summ
+    from primefs.archive import recover
+    from primefs.control import runner_lock
 
     ws = workspace(ctx)
     started = time.monotonic()
@@ -186,7 +169,7 @@ def reindex_cmd(ctx, summaries, as_json):
         if held:  # no runner: trees a crash left half archived are put right first
             recover(ws)
     if summaries:
-        from .index import session_ids
+        from primefs.index import session_ids
 
         for sid in session_ids(ws.sessions):
             (ws.sessions / sid / summ.FILE).unlink(missing_ok=True)

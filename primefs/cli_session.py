@@ -13,11 +13,12 @@ from datetime import datetime, timezone
 import click
 from rich.console import Console
 
-from .cliopts import emit, json_option, workspace, ws_option
-from .errors import PrimefsError
-from .fsutil import read_json_dict
-from .intake import REJECTED
-from .session import Session, find_session
+from primefs.cliopts import emit, json_option, workspace, ws_option
+from primefs.errors import PrimefsError
+from primefs.fsutil import read_json_dict
+from primefs.intake import REJECTED
+from primefs.session import Session
+from primefs.index import find_session
 
 ENDED = ("idle", "done", "failed", "stopped")
 
@@ -30,7 +31,7 @@ err = Console(stderr=True, highlight=False)
 
 def ended(s: Session) -> bool:
     """The session has stopped working for now: a turn ended and no mail waits to start another."""
-    from .mail import new_files
+    from primefs.mail import new_files
 
     try:
         status = s.reload().get("status")
@@ -85,7 +86,7 @@ timeout_option = click.option("--timeout", type=click.FloatRange(min=0), metavar
 def wait(ctx, session, timeout, as_json):
     """Wait until SESSION (id or name) has ended its work (idle, done, failed or stopped, with no mail
     waiting), then print its result. Exit code: 0 ended well, 3 failed or stopped, 124 timed out."""
-    from .daemon import lock_held
+    from primefs.control import lock_held
 
     ws = workspace(ctx)
     started = time.monotonic()
@@ -139,8 +140,8 @@ def ask(ctx, text, model, context, verbose, timeout, as_json):
     answer is there (other goals it picks up meanwhile go on at the next runner start).
     Exit code: 0 answered, 3 failed or stopped, 124 timed out.
     """
-    from .daemon import lock_held
-    from .goals import write_goal
+    from primefs.control import lock_held
+    from primefs.goals import write_goal
 
     ws = workspace(ctx)
     if text == "-":
@@ -153,7 +154,7 @@ def ask(ctx, text, model, context, verbose, timeout, as_json):
         s = _or_timed_out(ctx, lambda: _session_of(ws, rel, f"{started:%y%m%d-%H%M%S}", timeout))
         stop = threading.Event()
         if verbose:
-            from .live import follow
+            from primefs.live import follow
 
             threading.Thread(target=follow, args=(s, Console(stderr=True, highlight=False), stop),
                              kwargs={"header": False}, daemon=True).start()
@@ -182,7 +183,7 @@ def _or_timed_out(ctx, find) -> Session:
 
 def _waiting_goal(ws, name: str) -> str | None:
     """The goal file a session named `name` will come from (its file name or `name:`), if one waits."""
-    from .goals import goal_listing, parse_goal
+    from primefs.goals import goal_listing, parse_goal
 
     files, _ = goal_listing(ws)
     for path in files:
@@ -223,9 +224,9 @@ def _session_of(ws, goal: str, since: str, timeout: float | None, alive=lambda: 
 
 def _ask_here(ws, goal: str, since: str, timeout: float | None, verbose: bool) -> tuple[Session, bool]:
     """No runner is up: run one in this process until the goal's session has ended."""
-    from . import livefeed
-    from .logview import Narrator
-    from .runner import Runner
+    from primefs import livefeed
+    from primefs.logview import Narrator
+    from primefs.runner import Runner
 
     narrator = Narrator(Console(stderr=True, highlight=False), ws.sessions) if verbose else None
     problems: list[str] = []
@@ -290,7 +291,7 @@ def exec_cmd(ctx, session, code, as_json):
     The model is not told; `primefs send` it a message if it should know. Needs a running runner.
     Exit code: 0, or 1 when the code raised (the error is printed on stderr).
     """
-    from .liverequests import BUSY_WAIT_S, ask_runner
+    from primefs.liverequests import BUSY_WAIT_S, ask_runner
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
@@ -319,7 +320,7 @@ def kernel_cmd(ctx, session, as_json):
     """Print a connection file for SESSION's live kernel: `jupyter console --existing FILE` (pip install
     jupyter-console) then works in it, alongside the agent. Off unless primefs.yaml has
     `kernel_connect: true`: whoever can read the file can run code as you (docs/cli.md)."""
-    from .liverequests import ask_runner
+    from primefs.liverequests import ask_runner
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)

@@ -7,7 +7,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .cliopts import workspace, ws_option
+from primefs.cliopts import workspace, ws_option
 
 
 @click.command("tools")
@@ -23,9 +23,9 @@ def tools_cmd(ctx, as_json):
     Tools with a problem (a bad name, an import that fails, an MCP server that does not start) are
     listed with it and offered to no session. Exit code 0 even then; 1 for a bad primefs.yaml.
     """
-    from .daemon import runner_state
-    from .plugins import plugin_manager
-    from .toolbox import ToolBox, check_config
+    from primefs.control import runner_state
+    from primefs.plugins import plugin_manager
+    from primefs.toolbox import ToolBox, check_config
 
     ws = workspace(ctx)
     check_config(ws)

@@ -5,9 +5,9 @@ import json
 
 import click
 
-from .cliopts import workspace, ws_option
-from .errors import PrimefsError
-from .session import find_session
+from primefs.cliopts import workspace, ws_option
+from primefs.errors import PrimefsError
+from primefs.index import find_session
 
 
 class _Counting:
@@ -57,8 +57,8 @@ def trace_cmd(ctx, session, as_json):
     Exported as the OTEL_* environment says (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318);
     see docs/observability.md.
     """
-    from . import tracing
-    from .tracereplay import replay, session_tree
+    from primefs import tracing
+    from primefs.tracereplay import replay, session_tree
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)

@@ -5,13 +5,13 @@ import json
 
 import click
 
-from .accounting import UsageIndex, tree_order
-from .cliopts import print_table, workspace, ws_option
-from .daemon import lock_held
-from .errors import PrimefsError
-from .fsutil import read_json_dict
-from .session import find_session
-from .sessionsview import FINISHED_TREES, Row, arrange, table
+from primefs.accounting import UsageIndex, tree_order
+from primefs.cliopts import print_table, workspace, ws_option
+from primefs.control import lock_held
+from primefs.errors import PrimefsError
+from primefs.fsutil import read_json_dict
+from primefs.index import find_session
+from primefs.sessionsview import FINISHED_TREES, Row, arrange, table
 
 
 
@@ -39,11 +39,11 @@ def session_record(index: UsageIndex, sid: str) -> dict:
 
 def goal_problems(ws, index: UsageIndex) -> list[str]:
     """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line)."""
-    from .goals import goal_listing, parse_goal
-    from .harness import Harness
-    from .intake import REJECTED
-    from .plugins import end_conditions, plugin_manager
-    from .session import broken_goal_line
+    from primefs.goals import goal_listing, parse_goal
+    from primefs.harness import Harness
+    from primefs.intake import REJECTED
+    from primefs.plugins import end_conditions, plugin_manager
+    from primefs.session import broken_goal_line
 
     taken = {s.meta.get("goal") for s in index.sessions.values()}
     taken |= {broken_goal_line(ws.sessions / sid / "session.yaml") for sid in index.broken}
@@ -158,7 +158,7 @@ def notes(records: list[dict]) -> list[str]:
 
 
 def _subtree(index, root: str) -> set[str]:
-    from .session import subtree
+    from primefs.session import subtree
 
     return set(subtree(index.children, root))
 
@@ -181,9 +181,9 @@ def log(ctx, session, last, follow_, only_new, as_json):
     """
     from rich.console import Console
 
-    from .archived import find_readable
-    from .live import follow_events
-    from .session import session_names
+    from primefs.archived import find_readable
+    from primefs.live import follow_events
+    from primefs.index import session_names
 
     ws = workspace(ctx)
     s = find_readable(ws, session)  # in sessions/, else in an archive
@@ -199,7 +199,7 @@ def log(ctx, session, last, follow_, only_new, as_json):
             for e in events:
                 click.echo(json.dumps(e, ensure_ascii=False))
         else:
-            from .logview import print_events
+            from primefs.logview import print_events
 
             print_events(Console(highlight=False), s, events, names)
         return

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import click
 
-from .cliopts import workspace, ws_option
-from .errors import PrimefsError
-from .fsutil import read_regular, write_atomic
+from primefs.cliopts import workspace, ws_option
+from primefs.errors import PrimefsError
+from primefs.fsutil import read_regular, write_atomic
 
 
 def is_loopback(host: str) -> bool:
@@ -88,8 +88,8 @@ def serve(ctx, host, port, allow_remote, new_token, eval_dirs):
     try:
         import uvicorn
 
-        from .web.app import make_app
-        from .web.security import loopback_hosts
+        from primefs.web.app import make_app
+        from primefs.web.security import loopback_hosts
     except ImportError as exc:
         raise PrimefsError(f"the web view needs its extra ({exc.name} is missing): pip install 'primefs[web]'") from None
     roots = [Path(d).resolve() for d in eval_dirs]

@@ -5,8 +5,8 @@ import json
 
 import click
 
-from .errors import PrimefsError
-from .workspace import find_workspace
+from primefs.errors import PrimefsError
+from primefs.workspace import find_workspace
 
 RAY_FROM_CONFIG = "<hosts>"  # `--ray` without an address
 

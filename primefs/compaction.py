@@ -8,8 +8,8 @@ variables are untouched: the kernel is the same.
 from __future__ import annotations
 
 
-from .conversation import rebuild, to_messages
-from .gateway import cautious_tokens
+from primefs.conversation import rebuild, to_messages
+from primefs.gateway import cautious_tokens
 
 
 # Events where a cut may begin the kept tail: user input, or a new step (an assistant reply with
@@ -34,7 +34,7 @@ def context_window(settings: dict) -> int | None:
     if model.startswith("scripted/") or settings.get("provider") == "scripted":
         return None
     try:
-        from .providers.litellm_provider import get_litellm
+        from primefs.providers.litellm_provider import get_litellm
 
         info = get_litellm().get_model_info(model)
         return int(info.get("max_input_tokens") or info.get("max_tokens") or 0) or None

@@ -1,18 +1,86 @@
-"""Requests from the command line to a runner that may or may not be running: files again."""
+"""Reaching the runner through files: its lock and `runner.json` (is one running, which), and the
+requests the command line leaves for a runner that may or may not be running."""
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 from contextlib import contextmanager
+from pathlib import Path
 
-from .fsutil import ring, write_atomic
-from .mail import deliver
-from .index import Index
-from .session import Session
-from .workspace import Workspace
+from primefs.fsutil import ring, write_atomic
+from primefs.mail import deliver
+from primefs.session import Session
+from primefs.workspace import Workspace
 
 STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and removes it
 REFINE_FILE = "refine.request"  # written by `primefs refine` while a runner runs
+
+
+# -- the lock and the state file --------------------------------------------------------------------
+def lock_path(ws) -> Path:
+    return ws.state / "runner.lock"
+
+
+def state_path(ws) -> Path:
+    return ws.state / "runner.json"
+
+
+def lock_held(ws) -> bool:
+    """True if a runner holds `.primefs/runner.lock`. Probes with a non-blocking flock, released at once."""
+    path = lock_path(ws)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases our probe lock, if we got it
+    return False
+
+
+def read_lock_file(ws) -> tuple[int | None, float | None]:
+    """(pid, start time) from the lock file's "<pid> <time>" line; None where unreadable."""
+    try:
+        fields = lock_path(ws).read_text().split()
+    except OSError:
+        return None, None
+    pid = int(fields[0]) if fields and fields[0].isdigit() else None
+    try:
+        started = float(fields[1]) if len(fields) > 1 else None
+    except ValueError:
+        started = None
+    return pid, started
+
+
+def read_state(ws) -> dict | None:
+    try:
+        data = json.loads(state_path(ws).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def runner_state(ws) -> dict:
+    """Everything known about the workspace's runner, from the lock, the lock file and runner.json.
+
+    Keys: running, pid, started, updated, state (runner.json or None). `state` is only returned
+    when it belongs to the running runner (same pid), so a stale file from a killed runner is ignored.
+    """
+    running = lock_held(ws)
+    if not running:
+        return {"running": False, "pid": None, "started": None, "updated": None, "state": None}
+    lock_pid, lock_started = read_lock_file(ws)
+    state = read_state(ws)
+    if state is not None and lock_pid is not None and state.get("pid") != lock_pid:
+        state = None  # stale: from an earlier runner that could not remove it
+    pid = lock_pid if lock_pid is not None else (state or {}).get("pid")
+    started = (state or {}).get("started") or lock_started
+    return {"running": True, "pid": pid, "started": started, "updated": (state or {}).get("updated"),
+            "state": state}
 
 
 @contextmanager
@@ -32,20 +100,10 @@ def runner_lock(ws: Workspace):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def descendants(ws: Workspace, sid: str) -> list[str]:
-    """From the index (new session folders looked at first): no session.yaml of the workspace parsed."""
-    index = Index(ws.root)
-    try:
-        index.refresh()  # a parent edited by hand, a broken session.yaml mended: what the files say
-        return [d for d in index.subtree(sid)[1:] if (ws.sessions / d).is_dir()]
-    finally:
-        index.close()
-
-
-def request_stop(ws: Workspace, sid: str, tree: bool = False) -> list[tuple[str, str]]:
-    """Stop a session (and its descendants). With a runner: a stop.request file it applies at once.
-    Without one: mark the sessions stopped directly (holding the runner lock so none starts meanwhile)."""
-    targets = [sid] + (descendants(ws, sid) if tree else [])
+def request_stop(ws: Workspace, targets: list[str]) -> list[tuple[str, str]]:
+    """Stop sessions (a session and its descendants: `index.descendants`). With a runner: a stop.request
+    file it applies at once. Without one: mark them stopped directly (holding the runner lock so none
+    starts meanwhile)."""
     ws.state.mkdir(exist_ok=True)
     with open(ws.state / "runner.lock", "a+") as lock:
         try:

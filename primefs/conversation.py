@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import re
 
+RESUMED = "The runner restarted while you were working; the last cell was interrupted. Continue."
+INTERRUPTED = "interrupted by a runner restart"  # a cell the dead runner never saw end (tracereplay finds it)
 FENCE = re.compile(r"```(?:python3?|py|ipython)[ \t]*\n(.*?)```", re.DOTALL)
 
 

@@ -9,7 +9,6 @@ first; the `-w` option is declared here with the same behaviour as `cli.ws_optio
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -21,65 +20,21 @@ from pathlib import Path
 
 import click
 
-from .errors import PrimefsError
+from primefs.control import lock_held, lock_path, read_lock_file, read_state, runner_state, state_path
+from primefs.errors import PrimefsError
+from primefs.when import human_age
 
 LOG_NAME = "runner.log"
 UP_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 30.0
 
 
-from .cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option  # noqa: E402  (shared options)
+from primefs.cliopts import emit, json_option, ray_address, ray_option, workspace, ws_option  # noqa: E402  (shared options)
 
 
-# -- the lock and the state file --------------------------------------------------------------------
-def lock_path(ws) -> Path:
-    return ws.state / "runner.lock"
-
-
-def state_path(ws) -> Path:
-    return ws.state / "runner.json"
-
-
+# -- the runner's log and its process ---------------------------------------------------------------
 def log_path(ws) -> Path:
     return ws.state / LOG_NAME
-
-
-def lock_held(ws) -> bool:
-    """True if a runner holds `.primefs/runner.lock`. Probes with a non-blocking flock, released at once."""
-    path = lock_path(ws)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing releases our probe lock, if we got it
-    return False
-
-
-def read_lock_file(ws) -> tuple[int | None, float | None]:
-    """(pid, start time) from the lock file's "<pid> <time>" line; None where unreadable."""
-    try:
-        fields = lock_path(ws).read_text().split()
-    except OSError:
-        return None, None
-    pid = int(fields[0]) if fields and fields[0].isdigit() else None
-    try:
-        started = float(fields[1]) if len(fields) > 1 else None
-    except ValueError:
-        started = None
-    return pid, started
-
-
-def read_state(ws) -> dict | None:
-    try:
-        data = json.loads(state_path(ws).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def alive(pid: int) -> bool:
@@ -95,25 +50,6 @@ def alive(pid: int) -> bool:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
-
-
-def runner_state(ws) -> dict:
-    """Everything known about the workspace's runner, from the lock, the lock file and runner.json.
-
-    Keys: running, pid, started, updated, state (runner.json or None). `state` is only returned
-    when it belongs to the running runner (same pid), so a stale file from a killed runner is ignored.
-    """
-    running = lock_held(ws)
-    if not running:
-        return {"running": False, "pid": None, "started": None, "updated": None, "state": None}
-    lock_pid, lock_started = read_lock_file(ws)
-    state = read_state(ws)
-    if state is not None and lock_pid is not None and state.get("pid") != lock_pid:
-        state = None  # stale: from an earlier runner that could not remove it
-    pid = lock_pid if lock_pid is not None else (state or {}).get("pid")
-    started = (state or {}).get("started") or lock_started
-    return {"running": True, "pid": pid, "started": started, "updated": (state or {}).get("updated"),
-            "state": state}
 
 
 # -- memory, from /proc -----------------------------------------------------------------------------
@@ -178,19 +114,6 @@ def memory_report(pid: int, kernel_pids: list[int]) -> dict:
     return {"runner_rss_kb": runner["rss_kb"], "runner_pss_kb": runner["pss_kb"], "kernels": kernels,
             "kernels_rss_kb": k_rss, "kernels_pss_kb": k_pss,
             "total_pss_kb": (runner["pss_kb"] or runner["rss_kb"] or 0) + (k_pss or k_rss)}
-
-
-def human_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _mb(kb: int | None) -> str:
@@ -310,7 +233,7 @@ def _wait_gone(ws, pid: int, timeout: float) -> bool:
 
 
 def _session_labels(ws, ids: list[str]) -> list[str]:
-    from .session import Session
+    from primefs.session import Session
 
     out = []
     for sid in ids:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import hookimpl
+from primefs import hookimpl
 
 REPORT_CHARS = 4000  # what the model sees of a failing command: the last 4,000 characters
 

@@ -13,14 +13,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .compaction import context_window
-from .errors import PrimefsError
-from .fsutil import write_atomic
-from .goalctl import BudgetExhausted, SessionStopping
-from .kernelclient import cut
-from .providers.base import ModelError
-from .providers.script import estimate_tokens
-from .session import Session, create_session
+from primefs.compaction import context_window
+from primefs.errors import BudgetExhausted, PrimefsError, SessionStopping
+from primefs.fsutil import write_atomic
+from primefs.kernelclient import cut
+from primefs.providers.base import ModelError
+from primefs.providers.script import estimate_tokens
+from primefs.session import Session, create_session
 
 SYSTEM = ("Answer the task. The input it calls `context` is given in full (or cut, where it says so) between "
           "<context> and </context> after the task. There is no code to run and no tool to call: read the "
@@ -76,7 +75,7 @@ def slots(settings: dict, concurrency: int) -> int:
     """Calls at once: the eval's concurrency, but never more than the embedded model's server has slots
     (more would wait in its queue, their time counted against model_timeout_s)."""
     if settings["model"].split("/")[0] == "local":
-        from .providers.localserver import N_PARALLEL
+        from primefs.providers.localserver import N_PARALLEL
 
         return min(concurrency, N_PARALLEL)
     return concurrency
@@ -84,8 +83,8 @@ def slots(settings: dict, concurrency: int) -> int:
 
 def run_direct(ws, model: str, items: list[dict], cfg: dict, control: dict, progress) -> dict:
     """Run every item as one model call; returns item id -> its session."""
-    from .gitops import Committer, Mark
-    from .runner import Runner, RunnerLock
+    from primefs.gitops import Committer, Mark
+    from primefs.runner import Runner, RunnerLock
 
     settings = ws.resolve_model(model)
     runner = Runner(ws, log=lambda m: None)  # its parts only (gateway, budgets, tree); never run()

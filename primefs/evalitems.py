@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from .errors import PrimefsError
+from primefs.errors import PrimefsError
 
 FILE_PREFIX = "file:"
 ITEM_KEYS = ("id", "task", "expected")
@@ -193,7 +193,7 @@ class FileBenchmark:
 def find_benchmark(name: str, pm, ws, how: str, *, scorer: str | None = None):
     """The benchmark named `name` (or a file: one). `ws`/`how`: the workspace whose plugins/*.py
     were loaded and how it was found, for an error that says where it looked."""
-    from .plugins import benchmarks
+    from primefs.plugins import benchmarks
 
     found = benchmarks(pm)
     if name.startswith(FILE_PREFIX):

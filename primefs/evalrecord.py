@@ -12,7 +12,7 @@ import re
 from importlib import metadata
 from pathlib import Path
 
-from .errors import PrimefsError
+from primefs.errors import PrimefsError
 
 SECRET = re.compile(r"api_?key|secret|passw|credential|auth|bearer|cookie|private|(^|_)token$", re.IGNORECASE)
 PACKAGES = ("primefs", "litellm", "ipykernel", "jupyter_client")
@@ -73,7 +73,7 @@ def is_local(settings: dict | None) -> bool:
 # -- what a repeat found different ------------------------------------------------------------------
 def read_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """An eval run folder's config.yaml and results.jsonl."""
-    from .frontmatter import load_yaml
+    from primefs.frontmatter import load_yaml
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file() or not (run_dir / "results.jsonl").is_file():

@@ -13,8 +13,8 @@ import os
 import statistics
 from pathlib import Path
 
-from .errors import PrimefsError
-from .evalrecord import read_run
+from primefs.errors import PrimefsError
+from primefs.evalrecord import read_run
 
 OK_REASONS = {"answered", "done", "oracle"}  # anything else is a failure, counted by its stop reason
 # two-sided 95% Student's t by degrees of freedom; between entries the smaller df is used (wider interval)

@@ -15,18 +15,18 @@ import threading
 import time
 from pathlib import Path
 
-from . import __version__
-from .accounting import UsageIndex
-from .errors import PrimefsError
-from .frontmatter import dump_yaml, load_yaml
-from .gitops import git
-from .settings import check_budget, check_end_conditions, check_limits
-from .evaldirect import run_direct, slots
-from .evalitems import FileBenchmark, bench_items, context_chars, find_benchmark, item_sha, plugin_source
-from .evalrecord import differences, is_local, models_record, package_versions, read_run, scrub
-from .plugins import end_conditions, plugin_manager
-from .session import create_session
-from .workspace import Workspace, init_workspace
+from primefs import __version__
+from primefs.accounting import UsageIndex
+from primefs.errors import PrimefsError
+from primefs.frontmatter import dump_yaml, load_yaml
+from primefs.gitops import git
+from primefs.settings import check_budget, check_end_conditions, check_limits
+from primefs.evaldirect import run_direct, slots
+from primefs.evalitems import FileBenchmark, bench_items, context_chars, find_benchmark, item_sha, plugin_source
+from primefs.evalrecord import differences, is_local, models_record, package_versions, read_run, scrub
+from primefs.plugins import end_conditions, plugin_manager
+from primefs.session import create_session
+from primefs.workspace import Workspace, init_workspace
 
 CONFIG_KEYS = {"benchmark", "n", "seed", "model", "models", "limits", "budget", "end_conditions", "autonomous",
                "refine", "concurrency", "mode", "params", "scorer"}
@@ -276,7 +276,7 @@ def _run_direct(ws: Workspace, model: str, bench, items, cfg, progress) -> list[
 
 
 def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> list[dict]:
-    from .runner import Runner
+    from primefs.runner import Runner
 
     sessions = {}
     for item in items:

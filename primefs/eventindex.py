@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-from .fsutil import open_regular
-from .history import check_at, iter_lines, parse_event, still_there
-from .index import Index
+from primefs.fsutil import open_regular
+from primefs.history import check_at, iter_lines, parse_event, still_there
+from primefs.index import Index
 
 TEXT_FIELDS = ("text", "task", "code", "output", "error", "answer", "report", "summary", "instructions", "detail")
 FIELD_CHARS = 2000  # of each field: a cell's whole output is in the file, its start is enough to find it

@@ -16,8 +16,8 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from .errors import PrimefsError
-from .fsutil import open_regular
+from primefs.errors import PrimefsError
+from primefs.fsutil import open_regular
 
 
 class FileProblem(PrimefsError):

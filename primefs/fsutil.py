@@ -9,8 +9,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from . import redact
-from .errors import PrimefsError
+from primefs import redact
+from primefs.errors import PrimefsError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import threading
 import time
 
-from . import redact, tracing
-from .bell import Bell
-from .goalctl import GoalControl, SessionStopping
-from .livefeed import ReplyStream
-from .models import key_status
-from .plugins import provider_for
-from .providers.base import ModelError, ModelReply
+from primefs import redact, tracing
+from primefs.bell import Bell
+from primefs.errors import SessionStopping
+from primefs.goalctl import GoalControl
+from primefs.livefeed import ReplyStream
+from primefs.models import key_status
+from primefs.plugins import provider_for
+from primefs.providers.base import ModelError, ModelReply
 
 
 class ModelGateway:

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fsutil import walk_tree
-from .workspace import git_env
+from primefs.fsutil import walk_tree
+from primefs.workspace import git_env
 
 
 @contextmanager

@@ -14,20 +14,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .accounting import own_usage
-from .bell import Bell
-from .settings import BUDGET_KEYS
-from .tree import SessionTree
-
-
-class SessionStopping(Exception):
-    """The session was stopped or the runner is stopping: no more model calls are paid for."""
-
-
-class BudgetExhausted(Exception):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+from primefs.accounting import own_usage
+from primefs.bell import Bell
+from primefs.settings import BUDGET_KEYS
+from primefs.errors import BudgetExhausted, SessionStopping
+from primefs.tree import SessionTree
 
 
 class GoalControl:

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from . import frontmatter
-from .errors import PrimefsError
-from .fsutil import check_name, write_new
-from .heartbeat import from_spec
-from .tools import check_selection
-from .settings import check_budget, check_end_conditions, check_limits, check_resources, check_sandbox, kind_of
-from .workspace import Workspace
+from primefs import frontmatter
+from primefs.errors import PrimefsError
+from primefs.fsutil import check_name, write_new
+from primefs.heartbeat import from_spec
+from primefs.tools import check_selection
+from primefs.settings import check_budget, check_end_conditions, check_limits, check_resources, check_sandbox, kind_of
+from primefs.workspace import Workspace
 
 GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
              "sandbox", "resources"}
@@ -100,7 +100,7 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
         control["heartbeat"] = meta["heartbeat"]
     if meta.get("sandbox") is not None:
         control["sandbox"] = check_sandbox(meta["sandbox"], rel, ws.root) or False
-        from . import trust
+        from primefs import trust
 
         if trust.lowers(control["sandbox"] or None) and not trust.trusted(ws, rel):
             raise PrimefsError(f"{rel}: its `sandbox:` is weaker than the default (off, network or write grants), "

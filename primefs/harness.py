@@ -15,13 +15,13 @@ from pathlib import Path
 
 from ruamel.yaml.comments import CommentedMap
 
-from . import frontmatter, redact
-from .errors import PrimefsError
-from .fsutil import check_name, write_atomic
-from .gitops import commit_lock
-from .harnessgit import DIRS, KINDS, SKILL_FILE, HarnessGit, provenance, summary
-from .session import iso, Session
-from .workspace import Workspace
+from primefs import frontmatter, redact
+from primefs.errors import PrimefsError
+from primefs.fsutil import check_name, write_atomic
+from primefs.gitops import commit_lock
+from primefs.harnessgit import DIRS, KINDS, SKILL_FILE, HarnessGit, provenance, summary
+from primefs.session import iso, Session
+from primefs.workspace import Workspace
 
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 

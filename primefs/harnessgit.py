@@ -7,10 +7,10 @@ import os
 import re
 from pathlib import Path
 
-from .errors import PrimefsError
-from .fsutil import check_name
-from .gitops import commit_lock, git
-from .harnesslog import parse_trailers, read_log
+from primefs.errors import PrimefsError
+from primefs.fsutil import check_name
+from primefs.gitops import commit_lock, git
+from primefs.harnesslog import parse_trailers, read_log
 
 KINDS = ("note", "memory", "skill", "agent")
 DIRS = {"note": "notes", "memory": "memory", "skill": "skills", "agent": "agents"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .gitops import git
+from primefs.gitops import git
 
 REVERTS_LINE = re.compile(r"^This reverts commit ([0-9a-f]{7,40})\b", re.MULTILINE)
 # sha, author date, subject, trailers, outcome note, body: fields never hold \x1f or \x1e

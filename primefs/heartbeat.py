@@ -14,9 +14,9 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from .errors import PrimefsError
-from .frontmatter import dump_yaml, load_yaml
-from .fsutil import ring, write_atomic
+from primefs.errors import PrimefsError
+from primefs.frontmatter import dump_yaml, load_yaml
+from primefs.fsutil import ring, write_atomic
 
 UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
          "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}

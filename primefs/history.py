@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from . import livefeed, redact
-from .fsutil import NotRegular, open_regular
+from primefs import livefeed, redact
+from primefs.fsutil import NotRegular, open_regular
 
 
 def now() -> float:
@@ -222,3 +222,66 @@ def still_there(f, offset: int, check: str, size: int) -> bool:
 
 def read_events(path: Path, type: str | None = None) -> list[dict]:
     return [e for e in iter_events(path) if type is None or e.get("type") == type]
+
+
+def line_start(path: Path, size: int) -> int:
+    """Offset just past the last newline at or before `size` (0 if none)."""
+    if size == 0:
+        return 0
+    try:
+        with open_regular(path) as f:
+            pos = size
+            while pos > 0:
+                start = max(0, pos - 65536)
+                f.seek(start)
+                i = f.read(pos - start).rfind(b"\n")
+                if i >= 0:
+                    return start + i + 1
+                pos = start
+    except OSError:
+        pass
+    return 0
+
+
+class HistoryReader:
+    """Incremental reader of one history.jsonl: each `read()` returns the complete events appended since."""
+
+    def __init__(self, path: Path, pos: int = 0):
+        self.path = Path(path)
+        self.pos = pos  # just past the last complete line consumed
+
+    def size(self) -> int:
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            return 0
+
+    def read(self) -> list[dict]:
+        size = self.size()
+        if size < self.pos:  # truncated (a torn tail repaired): go on from the new end
+            self.pos = self._line_start(size)
+        if size == self.pos:
+            return []
+        try:
+            with open_regular(self.path) as f:
+                f.seek(self.pos)
+                data = f.read(size - self.pos)
+        except OSError:
+            return []
+        end = data.rfind(b"\n")
+        if end < 0:  # only a torn line so far: wait for its newline
+            return []
+        self.pos += end + 1
+        events = []
+        for line in data[: end + 1].splitlines():
+            event = parse_event(line)  # a garbled line: skipped, like history.iter_events
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _line_start(self, size: int) -> int:
+        return line_start(self.path, size)
+
+    def seek_end(self) -> None:
+        """Skip what is there now (a torn last line is kept, to be read when complete)."""
+        self.pos = self._line_start(self.size())

@@ -19,9 +19,11 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from . import summary as summaries
-from .fsutil import read_regular
-from .summary import META, stat_key
+from primefs import summary as summaries
+from primefs.errors import PrimefsError
+from primefs.session import Session
+from primefs.fsutil import read_regular
+from primefs.summary import META, stat_key
 
 VERSION = 6  # PRAGMA user_version: another version is dropped and rebuilt
 FILE = "index.sqlite"
@@ -405,3 +407,36 @@ class Index:
     def close(self) -> None:
         with self.lock:
             self.db.close()
+
+
+def descendants(ws, sid: str) -> list[str]:
+    """From the index (new session folders looked at first): no session.yaml of the workspace parsed."""
+    index = Index(ws.root)
+    try:
+        index.refresh()  # a parent edited by hand, a broken session.yaml mended: what the files say
+        return [d for d in index.subtree(sid)[1:] if (ws.sessions / d).is_dir()]
+    finally:
+        index.close()
+
+
+def session_names(sessions_dir: Path) -> dict[str, str]:
+    """id -> name of every readable session (a broken session.yaml is left out, not fatal), from the index."""
+    index = Index(Path(sessions_dir).parent)
+    try:
+        return index.names()
+    finally:
+        index.close()
+
+
+def find_session(sessions_dir: Path, key: str) -> Session:
+    """By id, else by name (the newest session of that name), through the index."""
+    if key and "/" not in key and ".." not in key and (sessions_dir / key / "session.yaml").is_file():
+        return Session(sessions_dir / key)
+    index = Index(Path(sessions_dir).parent)
+    try:
+        sid = index.find(key)
+    finally:
+        index.close()
+    if sid is None or not (sessions_dir / sid / "session.yaml").is_file():
+        raise PrimefsError(f"no session with id or name {key!r} (see `primefs status`)")
+    return Session(sessions_dir / sid)

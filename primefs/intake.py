@@ -8,14 +8,14 @@ import threading
 import time
 from pathlib import Path
 
-from . import heartbeat
-from .errors import PrimefsError
-from .fsutil import open_for_writing, write_atomic
-from .goals import goal_listing, parse_goal
-from .postoffice import PostOffice
-from .scheduler import Scheduler
-from .session import Session, create_session
-from .tree import SessionTree
+from primefs import heartbeat
+from primefs.errors import PrimefsError
+from primefs.fsutil import open_for_writing, write_atomic
+from primefs.goals import goal_listing, parse_goal
+from primefs.postoffice import PostOffice
+from primefs.scheduler import Scheduler
+from primefs.session import Session, create_session
+from primefs.tree import SessionTree
 
 
 SETTLE_S = 0.5  # a goal file is read once unchanged this long (and no process has it open for writing)
@@ -166,7 +166,7 @@ class Intake:
         with self._lock:
             dirty, self.harness_dirty = self.harness_dirty, False
         if dirty:
-            from .harness import commit_user_edits
+            from primefs.harness import commit_user_edits
 
             try:
                 commit_user_edits(self.ws)

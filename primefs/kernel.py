@@ -13,8 +13,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from .kernelclient import CellResult
-from .kernelhost import KernelHandle, KernelHost, KernelSpec
+from primefs.kernelclient import CellResult
+from primefs.kernelhost import KernelHandle, KernelHost, KernelSpec
 
 SNAPSHOT_MODES = ("turn", "idle", "off")
 

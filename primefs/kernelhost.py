@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .kernelclient import CellResult
+from primefs.kernelclient import CellResult
 
 # (session id, op, args) -> a JSON-able result; raising becomes an exception in the calling cell
 Handler = Callable[[str, str, dict], object]

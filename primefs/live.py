@@ -14,85 +14,21 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
-from .cliopts import workspace, ws_option
-from .daemon import runner_state
-from .errors import PrimefsError
-from .fsutil import open_regular
-from .history import parse_event
-from .livefeed import StreamTail, stream_path
-from .logview import EventPrinter, print_events
-from .session import Session, find_session, session_names
+from primefs.cliopts import workspace, ws_option
+from primefs.control import runner_state
+from primefs.errors import PrimefsError
+from primefs.history import HistoryReader
+from primefs.livefeed import StreamTail, stream_path
+from primefs.logview import EventPrinter, print_events
+from primefs.session import Session
+from primefs.index import find_session, session_names
 
 POLL_S = 0.2
-
-
-def line_start(path: Path, size: int) -> int:
-    """Offset just past the last newline at or before `size` (0 if none)."""
-    if size == 0:
-        return 0
-    try:
-        with open_regular(path) as f:
-            pos = size
-            while pos > 0:
-                start = max(0, pos - 65536)
-                f.seek(start)
-                i = f.read(pos - start).rfind(b"\n")
-                if i >= 0:
-                    return start + i + 1
-                pos = start
-    except OSError:
-        pass
-    return 0
-
-
-class HistoryReader:
-    """Incremental reader of one history.jsonl: each `read()` returns the complete events appended since."""
-
-    def __init__(self, path: Path, pos: int = 0):
-        self.path = Path(path)
-        self.pos = pos  # just past the last complete line consumed
-
-    def size(self) -> int:
-        try:
-            return os.stat(self.path).st_size
-        except FileNotFoundError:
-            return 0
-
-    def read(self) -> list[dict]:
-        size = self.size()
-        if size < self.pos:  # truncated (a torn tail repaired): go on from the new end
-            self.pos = self._line_start(size)
-        if size == self.pos:
-            return []
-        try:
-            with open_regular(self.path) as f:
-                f.seek(self.pos)
-                data = f.read(size - self.pos)
-        except OSError:
-            return []
-        end = data.rfind(b"\n")
-        if end < 0:  # only a torn line so far: wait for its newline
-            return []
-        self.pos += end + 1
-        events = []
-        for line in data[: end + 1].splitlines():
-            event = parse_event(line)  # a garbled line: skipped, like history.iter_events
-            if event is not None:
-                events.append(event)
-        return events
-
-    def _line_start(self, size: int) -> int:
-        return line_start(self.path, size)
-
-    def seek_end(self) -> None:
-        """Skip what is there now (a torn last line is kept, to be read when complete)."""
-        self.pos = self._line_start(self.size())
 
 
 def follow(session: Session, console: Console, stop_event: threading.Event | None = None,
@@ -107,7 +43,7 @@ def follow(session: Session, console: Console, stop_event: threading.Event | Non
     Ctrl-C propagates as KeyboardInterrupt. Returns the number of events printed.
     """
     reader = HistoryReader(session.dir / "history.jsonl")
-    from .workspace import Workspace
+    from primefs.workspace import Workspace
 
     stream = StreamTail(stream_path(Workspace(session.dir.parent.parent).runtime, session.id))
     printer = EventPrinter(console, dict(names) if names is not None else session_names(session.dir.parent))
@@ -191,7 +127,7 @@ def attach(ctx, session, last):
     An idle or finished session takes a turn for each message (a runner must run: `primefs up`).
     Replies show as they stream. Ctrl-D or Ctrl-C detaches (the session is not stopped).
     """
-    from .mail import deliver
+    from primefs.mail import deliver
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
@@ -264,4 +200,4 @@ def _where_it_stands(ws, s: Session) -> str:
     return f"{s.name} is {status}; a message (primefs send) starts its next turn"
 
 
-__all__ = ["HistoryReader", "follow", "follow_events", "follow_log", "attach"]
+__all__ = ["follow", "follow_events", "follow_log", "attach"]

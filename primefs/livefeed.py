@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import redact
+from primefs import redact
 
 _listeners: list = []
 _lock = threading.Lock()

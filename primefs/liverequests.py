@@ -15,9 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import PrimefsError
-from .fsutil import NAME_RE, write_atomic
-from .kernelclient import cut
+from primefs.errors import PrimefsError
+from primefs.fsutil import NAME_RE, write_atomic
+from primefs.kernelclient import cut
 
 STALE_S = 120.0  # a request older than this is dropped unread
 BUSY_WAIT_S = 60.0  # exec during a turn waits this long for the cells of the current step to end
@@ -29,7 +29,7 @@ def requests_dir(ws) -> Path:
 
 def ask_runner(ws, op: str, timeout: float, **fields) -> dict:
     """The CLI side: one request, its reply (a dict). Raises PrimefsError for an error reply."""
-    from .daemon import lock_held
+    from primefs.control import lock_held
 
     if not lock_held(ws):
         raise PrimefsError(f"no runner is running: `primefs {op}` needs the session's live kernel (start one: "

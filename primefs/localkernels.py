@@ -21,11 +21,11 @@ import threading
 import time
 from pathlib import Path
 
-from . import sandbox
-from .forkserver import kill_tree
-from .kernelclient import CellResult, KernelClient, connection_info
-from .kernelhost import Handler, KernelHandle, KernelHost, KernelSpec
-from .rpc import RpcServer
+from primefs import sandbox
+from primefs.forkserver import kill_tree
+from primefs.kernelclient import CellResult, KernelClient, connection_info
+from primefs.kernelhost import Handler, KernelHandle, KernelHost, KernelSpec
+from primefs.rpc import RpcServer
 
 # Environment variables a kernel may see; everything else (API keys above all) stays in the runner.
 SAFE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "SHELL",

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from .session import Session
+from primefs.session import Session
 
 
 def _ts(e: dict) -> str:

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import frontmatter, redact
-from .errors import PrimefsError
-from .fsutil import NAME_RE, fsync_dir, ring
-from .session import iso
+from primefs import frontmatter, redact
+from primefs.errors import PrimefsError
+from primefs.fsutil import NAME_RE, fsync_dir, ring
+from primefs.session import iso
 
 CLAIMED, SEEN = "!2,", "!2,S"
 KINDS = ("message", "result", "user", "heartbeat", "system")

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, suppress
 
 import anyio
 
-from .errors import PrimefsError
+from primefs.errors import PrimefsError
 
 STDERR_LINES = 8       # the end of a server's stderr that is kept to say why it ended
 QUIT_GRACE_S = 2.0     # after its stdin is closed a server may take this long to exit, then it is signalled

@@ -21,9 +21,9 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any
 
-from .errors import PrimefsError
-from .mcpserver import QUIT_GRACE_S, Process, Server, stdio_transport
-from .tools import Tool
+from primefs.errors import PrimefsError
+from primefs.mcpserver import QUIT_GRACE_S, Process, Server, stdio_transport
+from primefs.tools import Tool
 
 JSON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list",
               "object": "dict", "null": "None"}

@@ -12,7 +12,7 @@ from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
 
-from .errors import PrimefsError
+from primefs.errors import PrimefsError
 
 # provider prefix -> the variables litellm reads its key from (the first one set counts)
 KEY_VARS = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .settings import check_resources
+from primefs.settings import check_resources
 
 RAY_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
 EPS = 1e-9

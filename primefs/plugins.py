@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pluggy
 
-from . import hookimpl, hookspecs
+from primefs import hookimpl, hookspecs
 
 
 class BuiltinProviders:
     @hookimpl
     def register_providers(self, register):
-        from .providers.litellm_provider import LiteLLMProvider
-        from .providers.local import LocalProvider
-        from .providers.scripted import ScriptedProvider
+        from primefs.providers.litellm_provider import LiteLLMProvider
+        from primefs.providers.local import LocalProvider
+        from primefs.providers.scripted import ScriptedProvider
 
         # Order matters: the first provider that matches a model id serves it; litellm takes any id.
         register(ScriptedProvider())
@@ -34,15 +34,15 @@ def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
     pm = pluggy.PluginManager("primefs")
     pm.add_hookspecs(hookspecs)
     pm.primefs_failed = []  # plugins that did not load: {name, source, kind, error} (`primefs plugins`)
-    from .endconditions import BuiltinEndConditions
+    from primefs.endconditions import BuiltinEndConditions
 
     pm.register(BuiltinProviders(), name="primefs.builtin")
     pm.register(BuiltinEndConditions(), name="primefs.builtin-end-conditions")
     if os.environ.get("PRIMEFS_LOAD_PLUGINS", "1") != "0":
         _load_entry_points(pm)
         if workspace_root is not None:
-            from . import trust
-            from .workspace import Workspace
+            from primefs import trust
+            from primefs.workspace import Workspace
 
             ws = Workspace(workspace_root)
             for path in sorted(ws.plugins.glob("*.py")):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from . import mail
-from .bell import Bell
-from .tree import SessionTree
+from primefs import mail
+from primefs.bell import Bell
+from primefs.tree import SessionTree
 
 
 class PostOffice:

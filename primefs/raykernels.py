@@ -20,11 +20,11 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import PrimefsError
-from .kernelclient import INTERRUPT_GRACE_S, CellResult
-from .kernelhost import Handler, KernelHandle, KernelHost, KernelSpec
-from .placement import Node, choose, describe, kernel_needs, never_fits
-from .rpc import error_reply
+from primefs.errors import PrimefsError
+from primefs.kernelclient import INTERRUPT_GRACE_S, CellResult
+from primefs.kernelhost import Handler, KernelHandle, KernelHost, KernelSpec
+from primefs.placement import Node, choose, describe, kernel_needs, never_fits
+from primefs.rpc import error_reply
 
 POLL_S = 1.0  # a node's long poll returns at least this often, empty
 REFRESH_S = 2.0  # how often the list of the cluster's nodes is read again
@@ -203,7 +203,7 @@ class RayKernelHost(KernelHost):
                 ray.init(namespace="primefs", log_to_driver=False, logging_level=logging.WARNING, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a wrong address, no cluster there
                 raise PrimefsError(f"cannot connect to the Ray cluster at {address!r}: {exc}") from None
-        from .raynode import NodeKernels
+        from primefs.raynode import NodeKernels
 
         self.actor_class = ray.remote(NodeKernels)
         self.cond = threading.Condition()

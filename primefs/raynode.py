@@ -24,11 +24,11 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .forkserver import hide_from_same_user
-from .kernelclient import CellResult
-from .kernelhost import KernelSpec
-from .localkernels import LocalKernel, LocalKernelHost
-from .rpc import RpcError
+from primefs.forkserver import hide_from_same_user
+from primefs.kernelclient import CellResult
+from primefs.kernelhost import KernelSpec
+from primefs.localkernels import LocalKernel, LocalKernelHost
+from primefs.rpc import RpcError
 
 MAX_THREADS = 4096  # created only when needed: one per running cell or pending call
 

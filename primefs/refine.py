@@ -11,12 +11,11 @@ import json
 import re
 from typing import Callable
 
-from .errors import PrimefsError
-from .goalctl import BudgetExhausted, SessionStopping
-from .harness import Harness, check_entry_name, check_kind
-from .providers.base import ModelError
-from .session import Session
-from .workspace import Workspace
+from primefs.errors import BudgetExhausted, PrimefsError, SessionStopping
+from primefs.harness import Harness, check_entry_name, check_kind
+from primefs.providers.base import ModelError
+from primefs.session import Session
+from primefs.workspace import Workspace
 
 OPS = ("create", "update", "delete")
 

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from .errors import PrimefsError
+from primefs.errors import PrimefsError
 
 Handler = Callable[[str, int, str, dict], object]  # (token, caller pid, op, args) -> JSON-able result
 MAX_REQUEST_BYTES = 512 * 1024 * 1024  # a request is one line: an rlm() context travels in it

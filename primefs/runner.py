@@ -20,30 +20,30 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from . import archive, redact, sandbox, warmup
-from .agent import Agent
-from .alive import Alive
-from .bell import Bell
-from .control import REFINE_FILE, STOP_FILE, take_refine_request
-from .errors import PrimefsError
-from .forkserver import hide_from_same_user
-from .fsutil import NAME_RE, write_atomic
-from .gateway import ModelGateway
-from .gitops import Committer, commit_cut_off
-from .goalctl import GoalControl
-from .intake import Intake
-from .liverequests import LiveRequests
-from .plugins import end_conditions, plugin_manager, providers
-from .postoffice import PostOffice
-from .scheduler import Scheduler
-from .services import KernelServices
-from .settings import check_sandbox
-from .toolbox import ToolBox
-from .session import Session
-from .tree import SessionTree
-from .turns import Turns
-from .watcher import watch
-from .workspace import Workspace
+from primefs import archive, redact, sandbox, warmup
+from primefs.agent import Agent
+from primefs.alive import Alive
+from primefs.bell import Bell
+from primefs.control import REFINE_FILE, STOP_FILE, take_refine_request
+from primefs.errors import PrimefsError
+from primefs.forkserver import hide_from_same_user
+from primefs.fsutil import NAME_RE, write_atomic
+from primefs.gateway import ModelGateway
+from primefs.gitops import Committer, commit_cut_off
+from primefs.goalctl import GoalControl
+from primefs.intake import Intake
+from primefs.liverequests import LiveRequests
+from primefs.plugins import end_conditions, plugin_manager, providers
+from primefs.postoffice import PostOffice
+from primefs.scheduler import Scheduler
+from primefs.services import KernelServices
+from primefs.settings import check_sandbox
+from primefs.toolbox import ToolBox
+from primefs.session import Session
+from primefs.tree import SessionTree
+from primefs.turns import Turns
+from primefs.watcher import watch
+from primefs.workspace import Workspace
 
 RESCAN_S = 5.0
 # What in an awake session's folder can bring it work: not its history or summary, written at every event
@@ -235,13 +235,13 @@ class Runner:
         """Local kernels, or kernels on a Ray cluster (`--ray ADDRESS`, or `hosts:` of kind ray)."""
         ray = self.ws.ray_host()
         if self.ray or ray:
-            from .raykernels import RayKernelHost
+            from primefs.raykernels import RayKernelHost
 
             address = self.ray or ray["address"]
             self.log(f"kernels on the Ray cluster at {address}")
             return RayKernelHost(address, self.ws.root, self.services.handle, self.log,
                                  resources=(ray or {}).get("resources"))
-        from .localkernels import LocalKernelHost
+        from primefs.localkernels import LocalKernelHost
 
         return LocalKernelHost(self.ws.runtime, self.ws.root, self.services.handle, self.log)
 
@@ -397,8 +397,8 @@ class Runner:
 
 def refine_offline(ws: Workspace, sid: str, request: dict, log) -> dict:
     """`primefs refine` with no runner running (the caller holds the runner lock)."""
-    from .harness import session_chain
-    from .refine import run_refine
+    from primefs.harness import session_chain
+    from primefs.refine import run_refine
 
     runner = Runner(ws, log=log)
     chain = session_chain(ws, sid)

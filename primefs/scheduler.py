@@ -10,7 +10,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable
 
-from .bell import Bell
+from primefs.bell import Bell
 
 
 class Scheduler:

@@ -11,21 +11,21 @@ import inspect
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from . import mail, redact, tracing
-from .bell import Bell, Stopping
-from .errors import PrimefsError
-from .fsutil import check_name
-from .goalctl import GoalControl
-from .intake import Intake
-from .postoffice import PostOffice
-from .scheduler import Scheduler
-from .session import Session, create_session
-from .settings import check_resources
-from .toolbox import ToolBox
-from .tools import check_selection
-from .trust import WRITTEN_BY_KERNELS
-from .tree import SessionTree
-from .turns import Turns
+from primefs import mail, redact, tracing
+from primefs.bell import Bell, Stopping
+from primefs.errors import PrimefsError
+from primefs.fsutil import check_name
+from primefs.goalctl import GoalControl
+from primefs.intake import Intake
+from primefs.postoffice import PostOffice
+from primefs.scheduler import Scheduler
+from primefs.session import Session, create_session
+from primefs.settings import check_resources
+from primefs.toolbox import ToolBox
+from primefs.tools import check_selection
+from primefs.trust import WRITTEN_BY_KERNELS
+from primefs.tree import SessionTree
+from primefs.turns import Turns
 
 FINISHED = ("idle", "done", "failed", "stopped")
 
@@ -206,7 +206,7 @@ class KernelServices:
 
     # -- harness ----------------------------------------------------------------------------------
     def _harness(self):
-        from .harness import Harness
+        from primefs.harness import Harness
 
         return Harness(self.ws)
 
@@ -239,7 +239,7 @@ class KernelServices:
     def op_heartbeat(self, agent, every=None, cron=None, prompt=None) -> dict:
         if bool(every) == bool(cron):
             raise PrimefsError("heartbeat() needs every='10m' or cron='*/5 * * * *' (one of them)")
-        from .heartbeat import add, from_spec
+        from primefs.heartbeat import add, from_spec
 
         hb = add(agent.session.dir, *from_spec({"every": every, "cron": cron, "prompt": prompt}))
         self.intake.watch_heartbeats(agent.session.id)

@@ -9,14 +9,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import redact
-from . import summary as summaries
-from .errors import PrimefsError
-from .frontmatter import dump_yaml, load_yaml
-from .fsutil import read_regular, write_atomic
-from .history import History, read_events
-from .index import Index
-from .settings import STATUSES, check_session_meta
+from primefs import redact
+from primefs import summary as summaries
+from primefs.frontmatter import dump_yaml, load_yaml
+from primefs.fsutil import read_regular, write_atomic
+from primefs.history import History, read_events
+from primefs.settings import STATUSES, check_session_meta
 
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -173,15 +171,6 @@ def subtree(children: dict, root: str) -> list[str]:
     return out
 
 
-def session_names(sessions_dir: Path) -> dict[str, str]:
-    """id -> name of every readable session (a broken session.yaml is left out, not fatal), from the index."""
-    index = Index(Path(sessions_dir).parent)
-    try:
-        return index.names()
-    finally:
-        index.close()
-
-
 def broken_goal_line(path: Path) -> str | None:
     """The `goal:` of a session.yaml too broken to parse, read as a plain line (its goal stays taken)."""
     try:
@@ -191,17 +180,3 @@ def broken_goal_line(path: Path) -> str | None:
     except OSError:
         pass
     return None
-
-
-def find_session(sessions_dir: Path, key: str) -> Session:
-    """By id, else by name (the newest session of that name), through the index."""
-    if key and "/" not in key and ".." not in key and (sessions_dir / key / "session.yaml").is_file():
-        return Session(sessions_dir / key)
-    index = Index(Path(sessions_dir).parent)
-    try:
-        sid = index.find(key)
-    finally:
-        index.close()
-    if sid is None or not (sessions_dir / sid / "session.yaml").is_file():
-        raise PrimefsError(f"no session with id or name {key!r} (see `primefs status`)")
-    return Session(sessions_dir / sid)

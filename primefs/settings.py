@@ -6,7 +6,7 @@ import math
 import re
 from pathlib import Path
 
-from .errors import PrimefsError
+from primefs.errors import PrimefsError
 
 SECRET_LEN = 8  # shorter values (`none`, `x`) are no secrets: redact.py ignores them too
 ABOVE_ZERO = -0.0  # as a lowest bound: the value must be above 0 (a 0 timeout would hang or stop all)
@@ -118,7 +118,7 @@ def check_config(data, where: str = "primefs.yaml", root: Path | None = None) ->
     if data.get("sandbox") is not None:
         check_sandbox(data["sandbox"], where, root)
     if data.get("mcp_servers") is not None:
-        from .mcptools import check_servers
+        from primefs.mcptools import check_servers
 
         check_servers(data["mcp_servers"])
     if data.get("hosts") is not None:
@@ -362,7 +362,7 @@ def check_session_meta(data, where: str) -> dict:
     if data.get("end_conditions") is not None:
         check_end_conditions(data["end_conditions"], where)
     if data.get("tools") is not None:
-        from .tools import check_selection
+        from primefs.tools import check_selection
 
         check_selection(data["tools"], where)
     if data.get("sandbox") is not None and not isinstance(data["sandbox"], (bool, dict)):

@@ -30,11 +30,11 @@ import math
 import os
 from pathlib import Path
 
-from .errors import PrimefsError
-from .frontmatter import load_yaml, loads_yaml
-from .fsutil import open_regular, write_atomic
-from .history import check_at, iter_lines, parse_event, still_there
-from .settings import check_session_meta
+from primefs.errors import PrimefsError
+from primefs.frontmatter import load_yaml, loads_yaml
+from primefs.fsutil import open_regular, write_atomic
+from primefs.history import check_at, iter_lines, parse_event, still_there
+from primefs.settings import check_session_meta
 
 FILE = "summary.json"
 VERSION = 1

@@ -9,8 +9,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from . import tools as T
-from .fsutil import write_atomic
+from primefs import tools as T
+from primefs.fsutil import write_atomic
 
 BIG_RESULT_BYTES = 256 * 1024  # larger results travel as a file, not over the socket
 START_WAIT_S = 10.0  # sessions wait no longer than this (from the runner's start) for MCP servers starting
@@ -32,7 +32,7 @@ class ToolBox:
     def start(self, background: bool = True) -> None:
         """Start the MCP servers. Sessions wait for those still starting until START_WAIT_S after this
         (in the background) or for each one's first start (`primefs tools`)."""
-        from . import trust
+        from primefs import trust
 
         servers = self.ws.config.get("mcp_servers")
         if servers and not trust.trusted(self.ws, trust.CONFIG):
@@ -40,7 +40,7 @@ class ToolBox:
             servers = None
         if not servers:
             return
-        from .mcptools import MCPHub
+        from primefs.mcptools import MCPHub
 
         try:
             self.hub = MCPHub(servers, self.timeout, self.log)
@@ -150,7 +150,7 @@ def _with_timeout(fn, timeout: float, name: str):
 
 def check_config(ws) -> None:
     """`mcp_servers:` is well formed (for the runner's start and `primefs tools`)."""
-    from .mcptools import check_servers
+    from primefs.mcptools import check_servers
 
     check_servers(ws.config.get("mcp_servers"))
 

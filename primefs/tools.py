@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import PrimefsError
+from primefs.errors import PrimefsError
 
 RUNS = ("kernel", "runner")
 PROMPT_BUDGET_CHARS = 2000  # beyond this the prompt lists tool names only

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import tracing
-from .conversation import fenced_code
-from .history import iter_events
-from .index import Index
-from .session import Session
-from .turns import INTERRUPTED, RESUMED
+from primefs import tracing
+from primefs.conversation import fenced_code
+from primefs.history import iter_events
+from primefs.index import Index
+from primefs.session import Session
+from primefs.conversation import INTERRUPTED, RESUMED
 
 
 @dataclass

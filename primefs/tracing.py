@@ -58,7 +58,7 @@ def make_provider(exporters: list[str] | None = None, *, span_exporter=None, bat
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     except ImportError:
         raise TracingError("tracing needs opentelemetry: pip install 'primefs[otel]'") from None
-    from . import __version__
+    from primefs import __version__
 
     attrs = {"service.version": __version__}
     if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):

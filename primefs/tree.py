@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from .session import Session, subtree
+from primefs.session import Session, subtree
 
 
 class SessionTree:

@@ -21,8 +21,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from .errors import PrimefsError
-from .fsutil import walk_tree, write_atomic
+from primefs.errors import PrimefsError
+from primefs.fsutil import walk_tree, write_atomic
 
 FILE = "trust.json"
 CONFIG = "primefs.yaml"
@@ -35,7 +35,7 @@ def lowers(box: dict | None) -> bool:
 
 def config_sections(config: dict) -> dict:
     """What in primefs.yaml needs trust (empty: nothing does)."""
-    from .settings import check_sandbox
+    from primefs.settings import check_sandbox
 
     out = {}
     if config.get("mcp_servers"):
@@ -131,7 +131,7 @@ def relative(ws, p: str) -> str:
 
 def needing_trust(ws) -> list[dict]:
     """Everything that would be used only once trusted: {path, what, trusted}."""
-    from .goals import goal_listing
+    from primefs.goals import goal_listing
 
     out = []
     if config_sections(ws.config):
@@ -156,7 +156,7 @@ WRITTEN_BY_KERNELS = ("agent", "refine")  # harness.put's `source` for what a ke
 def skills_refused(ws, skill_dirs: list[str]) -> dict[str, str]:
     """skill folder -> why a kernel without the default sandbox does not load it: written by a kernel, and
     not trusted since."""
-    from . import frontmatter
+    from primefs import frontmatter
 
     out = {}
     for parent in skill_dirs:
@@ -175,8 +175,8 @@ def skills_refused(ws, skill_dirs: list[str]) -> dict[str, str]:
 
 
 def goal_lowers_sandbox(ws, path: Path) -> bool:
-    from . import frontmatter
-    from .settings import check_sandbox
+    from primefs import frontmatter
+    from primefs.settings import check_sandbox
 
     try:
         meta, _ = frontmatter.read(path, path.name, root=ws.root)

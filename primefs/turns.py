@@ -8,22 +8,20 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-from . import tracing
-from .agent import Agent
-from .bell import Bell
-from .conversation import fenced_code
-from .errors import PrimefsError
-from .gitops import Committer, Mark
-from .goalctl import GoalControl
-from .kernelclient import close_thread_loop
-from .postoffice import PostOffice
-from .refine import run_refine
-from .scheduler import Scheduler
-from .session import Session
-from .tree import SessionTree
+from primefs import tracing
+from primefs.agent import Agent
+from primefs.bell import Bell
+from primefs.conversation import INTERRUPTED, RESUMED, fenced_code
+from primefs.errors import PrimefsError
+from primefs.gitops import Committer, Mark
+from primefs.goalctl import GoalControl
+from primefs.kernelclient import close_thread_loop
+from primefs.postoffice import PostOffice
+from primefs.refine import run_refine
+from primefs.scheduler import Scheduler
+from primefs.session import Session
+from primefs.tree import SessionTree
 
-RESUMED = "The runner restarted while you were working; the last cell was interrupted. Continue."
-INTERRUPTED = "interrupted by a runner restart"  # a cell the dead runner never saw end (tracereplay finds it)
 
 
 class Turns:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import threading
 
-from .errors import PrimefsError
-from .plugins import provider_for
+from primefs.errors import PrimefsError
+from primefs.plugins import provider_for
 
 USES_LITELLM = ("litellm", "local")  # provider names: `local` serves through LiteLLMProvider
 
@@ -41,8 +41,8 @@ def configured(ws) -> set[str]:
 
 def models_in_sight(ws, tree, scheduler, claimed: set) -> set[str]:
     """Models a `run --once` is about to call: of queued sessions and of goal files not taken."""
-    from . import frontmatter
-    from .goals import goal_listing
+    from primefs import frontmatter
+    from primefs.goals import goal_listing
 
     names: set[str] = set()
     for sid in scheduler.snapshot()["queued_sessions"]:
@@ -64,7 +64,7 @@ def models_in_sight(ws, tree, scheduler, claimed: set) -> set[str]:
 
 def start() -> threading.Thread:
     """Begin `import litellm` in the background."""
-    from .providers.litellm_provider import get_litellm
+    from primefs.providers.litellm_provider import get_litellm
 
     thread = threading.Thread(target=get_litellm, name="primefs-import-litellm", daemon=True)
     thread.start()

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from .liverequests import requests_dir
+from primefs.liverequests import requests_dir
 
 
 class Watch:

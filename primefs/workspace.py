@@ -13,9 +13,9 @@ from functools import cached_property
 from importlib.util import find_spec
 from pathlib import Path
 
-from .errors import PrimefsError
-from .frontmatter import load_yaml
-from .settings import DEFAULT_LIMITS, TOOL_MODES, check_config, check_limits
+from primefs.errors import PrimefsError
+from primefs.frontmatter import load_yaml
+from primefs.settings import DEFAULT_LIMITS, TOOL_MODES, check_config, check_limits
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CONFIG = "primefs.yaml"
@@ -63,7 +63,7 @@ def init_workspace(target: Path, source: Path | None = None) -> "Workspace":
     env = git_env()
     subprocess.run([*git, "add", "-A"], check=True, env=env)
     subprocess.run([*git, "commit", "-q", "-m", "primefs: new workspace"], check=True, env=env)
-    from .trust import trust_new_workspace
+    from primefs.trust import trust_new_workspace
 
     trust_new_workspace(ws)
     return ws
@@ -141,7 +141,7 @@ class Workspace:
 
     def ray_host(self) -> dict | None:
         """The `kind: ray` entry of `hosts:` in primefs.yaml (address, resources per kernel), if any."""
-        from .settings import check_hosts
+        from primefs.settings import check_hosts
 
         return next((h for h in check_hosts(self.config.get("hosts") or [], CONFIG) if h["kind"] == "ray"), None)
 

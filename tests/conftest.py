@@ -19,7 +19,7 @@ from hypothesis import settings as hypothesis_settings  # noqa: E402
 from openai_server import ScriptServer  # noqa: E402
 
 from primefs import trust  # noqa: E402
-from primefs.daemon import lock_held  # noqa: E402
+from primefs.control import lock_held  # noqa: E402
 from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
 from primefs.runner import Runner  # noqa: E402
 from primefs.session import list_sessions  # noqa: E402

@@ -18,8 +18,10 @@ import time
 from conftest import PRIMEFS, answered_under_a_runner, cli, session_named, wait_for
 from rich.console import Console
 
-from primefs.daemon import alive, lock_held
-from primefs.live import HistoryReader, follow
+from primefs.daemon import alive
+from primefs.control import lock_held
+from primefs.history import HistoryReader
+from primefs.live import follow
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 

@@ -221,7 +221,7 @@ def test_two_processes_adding_the_same_archive_store_its_events_once(ws, monkeyp
 
 
 def test_a_session_renamed_by_hand_is_found_by_its_new_name_only(ws):
-    from primefs.session import find_session, session_names
+    from primefs.index import find_session, session_names
 
     ws = fan_out(ws)
     grow(ws, 1)
@@ -243,7 +243,7 @@ def test_a_session_renamed_by_hand_is_found_by_its_new_name_only(ws):
 
 
 def test_a_mended_session_yaml_puts_its_subtree_back_for_stop_tree(ws):
-    from primefs.control import descendants
+    from primefs.index import descendants
 
     ws = fan_out(ws)
     root = next(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).meta.get("parent") is None)

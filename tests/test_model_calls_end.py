@@ -46,7 +46,7 @@ def test_stop_ends_a_model_call_in_flight(ws, server):
         wait_for(lambda: server.requests, what="the model call")
         s = only(ws)
         asked = time.monotonic()
-        request_stop(ws, s.id)
+        request_stop(ws, [s.id])
         wait_for(lambda: s.reload()["status"] == "stopped", timeout=10, what="stopped")
         assert time.monotonic() - asked < 2.0
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import PRIMEFS, answered_under_a_runner, cli, configure, run_once, session_named, use_server, wait_for
 from openai_server import ScriptServer
 
-from primefs.daemon import lock_held
+from primefs.control import lock_held
 from primefs.goals import write_goal
 
 
@@ -198,7 +198,7 @@ def test_missing_key_is_one_clear_error_and_run_once_exits_3(ws):
     st = subprocess.run([*PRIMEFS, "-w", str(ws.root), "status"], capture_output=True, text=True,
                         env={**env, "COLUMNS": "80"})
     assert "environment variable OPENAI_API_KEY, which is not set" in st.stdout.replace("\n", " ")
-    from primefs.session import find_session
+    from primefs.index import find_session
 
     s = find_session(ws.sessions, "nokey")
     [err] = s.events("model_error")  # said once, not retried

@@ -270,7 +270,7 @@ def test_stop_interrupts_a_running_session(ws, server):
             time.sleep(0.1)
         time.sleep(0.5)
         started = time.monotonic()
-        assert request_stop(ws, s.id)[0][1].startswith("stop requested")
+        assert request_stop(ws, [s.id])[0][1].startswith("stop requested")
         while s.reload()["status"] != "stopped" and time.monotonic() - started < 20:
             time.sleep(0.05)
         assert s.reload()["status"] == "stopped" and time.monotonic() - started < 10

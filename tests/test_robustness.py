@@ -89,7 +89,7 @@ def test_stop_is_applied_under_run_once(ws):
     t.start()
     s = wait_for(lambda: by_name(ws).get("loop"))
     wait_for(lambda: s.events("cell"))
-    request_stop(ws, s.id)
+    request_stop(ws, [s.id])
     t.join(30)
     assert not t.is_alive() and time.monotonic() - started < 20
     assert s.reload()["status"] == "stopped" and len(s.events("cell")) < 15

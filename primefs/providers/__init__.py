@@ -1,4 +1,4 @@
 """Model providers: the runner's only way to reach a model."""
-from .base import ModelError, ModelReply, ToolCall
+from primefs.providers.base import ModelError, ModelReply, ToolCall
 
 __all__ = ["ModelError", "ModelReply", "ToolCall"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import threading
 
-from .base import ModelError, ModelReply, ToolCall
+from primefs.providers.base import ModelError, ModelReply, ToolCall
 
 _import_lock = threading.Lock()
 _litellm = None
@@ -56,8 +56,8 @@ class LiteLLMProvider:
                                  retryable=False)
             kwargs["api_key"] = key
         if settings.get("api_key_file"):
-            from ..errors import PrimefsError
-            from ..models import key_from_file
+            from primefs.errors import PrimefsError
+            from primefs.models import key_from_file
 
             try:
                 kwargs["api_key"] = key_from_file(settings["api_key_file"])

@@ -22,9 +22,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .base import ModelError, ModelReply
-from .litellm_provider import LiteLLMProvider
-from .localserver import SERVED_NAME
+from primefs.providers.base import ModelError, ModelReply
+from primefs.providers.litellm_provider import LiteLLMProvider
+from primefs.providers.localserver import SERVED_NAME
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch of the price map
 

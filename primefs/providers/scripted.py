@@ -9,8 +9,8 @@ import json
 import threading
 from pathlib import Path
 
-from .base import ModelError, ModelReply, ToolCall
-from .script import estimate_tokens, fenced, load_script, next_reply, prompt_tokens
+from primefs.providers.base import ModelError, ModelReply, ToolCall
+from primefs.providers.script import estimate_tokens, fenced, load_script, next_reply, prompt_tokens
 
 
 def script_path(settings: dict) -> Path:

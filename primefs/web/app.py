@@ -21,15 +21,16 @@ from starlette.responses import HTMLResponse, RedirectResponse, StreamingRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..control import request_stop
-from ..errors import PrimefsError
-from ..harness import revert
-from ..live import HistoryReader
-from ..mail import deliver
-from . import listing, pages
-from .index import WorkspaceIndex
-from .render import Renderer
-from .security import Guard, checked_form, csrf_token
+from primefs.control import request_stop
+from primefs.errors import PrimefsError
+from primefs.harness import revert
+from primefs.index import descendants
+from primefs.history import HistoryReader
+from primefs.mail import deliver
+from primefs.web import listing, pages
+from primefs.web.index import WorkspaceIndex
+from primefs.web.render import Renderer
+from primefs.web.security import Guard, checked_form, csrf_token
 
 POLL_S = 0.3  # how often a live stream looks at the files
 KEEPALIVE_S = 15.0
@@ -153,7 +154,8 @@ async def stop(request: Request):
     sid = request.path_params["sid"]
     if not pages.valid_sid(sid) or not (state.ws.sessions / sid / "session.yaml").is_file():
         raise HTTPException(404, "no such session")
-    done = await run_in_threadpool(request_stop, state.ws, sid, bool(form.get("tree")))
+    targets = [sid] + (await run_in_threadpool(descendants, state.ws, sid) if form.get("tree") else [])
+    done = await run_in_threadpool(request_stop, state.ws, targets)
     return RedirectResponse(f"/s/{sid}?stopped={len(done)}", 303)
 
 

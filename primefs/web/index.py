@@ -15,10 +15,10 @@ import time
 from array import array
 from collections import defaultdict
 
-from .. import summary as summaries
-from ..accounting import add
-from ..daemon import runner_state
-from ..session import Session
+from primefs import summary as summaries
+from primefs.accounting import add
+from primefs.control import runner_state
+from primefs.session import Session
 
 SERIES_POINTS = 400  # a chart line never needs more points than this
 

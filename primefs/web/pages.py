@@ -5,15 +5,15 @@ import re
 import subprocess
 from collections import Counter
 
-from ..fsutil import NAME_RE
-from ..gitops import git_env
-from ..harness import Harness
-from ..harnessgit import HarnessGit
-from ..mail import new_files
-from ..session import Session
-from ..settings import STATUSES
-from . import charts, evals, listing
-from .timeline import line_end, tail_events
+from primefs.fsutil import NAME_RE
+from primefs.gitops import git_env
+from primefs.harness import Harness
+from primefs.harnessgit import HarnessGit
+from primefs.mail import new_files
+from primefs.session import Session
+from primefs.settings import STATUSES
+from primefs.web import charts, evals, listing
+from primefs.web.timeline import line_end, tail_events
 
 EVENTS = 200  # timeline events per page
 TOP_SERIES = 7  # chart lines; the rest are summed as "others"

@@ -13,8 +13,8 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
-from ..daemon import human_age
-from ..logview import code_of, fields, restored_text
+from primefs.when import human_age
+from primefs.logview import code_of, fields, restored_text
 
 TEMPLATES = Path(__file__).parent / "templates"
 

@@ -6,13 +6,12 @@ stream carries the offset it has read up to (also as the SSE event id, so a reco
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from ..fsutil import open_regular
-from ..history import parse_event
-from ..live import line_start
+from primefs.fsutil import open_regular
+from primefs.history import parse_event
+from primefs.history import line_start
 
 BLOCK = 65536
 
