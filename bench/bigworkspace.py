@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common import scripted_workspace
 
-from primefs.workspace import git_env, init_workspace
+from primefs.store.workspace import git_env, init_workspace
 
 CHILDREN, CELLS = 20, 30
 SEED_SCRIPT = f"""\

@@ -11,13 +11,13 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
-from primefs.workspace import Workspace, init_workspace  # noqa: E402
+from primefs.store.frontmatter import dump_yaml, load_yaml  # noqa: E402
+from primefs.store.workspace import Workspace, init_workspace  # noqa: E402
 
 
 def scripted_workspace(script: str, limits: dict | None = None, sandbox: bool = True) -> Workspace:
     """A new workspace on the scripted model; kernels sandboxed (the default) unless `sandbox` is False."""
-    from primefs import trust
+    from primefs.store import trust
 
     root = Path(tempfile.mkdtemp(prefix="primefs-bench-")) / "ws"
     init_workspace(root)

@@ -26,7 +26,7 @@ import time
 
 from common import run_cli, scripted_workspace, step_overheads
 
-from primefs.session import list_sessions
+from primefs.store.session import list_sessions
 
 SCRIPT = """\
 rules:

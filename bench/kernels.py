@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from primefs.forkserver import descendants
-from primefs.kernelhost import KernelSpec
-from primefs.localkernels import LocalKernelHost
-from primefs.settings import check_sandbox
+from primefs.kernels.forkserver import descendants
+from primefs.kernels.host import KernelSpec
+from primefs.kernels.local import LocalKernelHost
+from primefs.store.settings import check_sandbox
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -24,7 +24,7 @@ from common import configure_model, run_cli, scripted_workspace, step_overheads
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from openai_server import ScriptServer  # noqa: E402
 
-from primefs.session import list_sessions  # noqa: E402
+from primefs.store.session import list_sessions  # noqa: E402
 
 STEPS = 50
 STEP_REPLIES = [{"code": f"x = {i}"} for i in range(STEPS)] + [{"text": "steps done"}]

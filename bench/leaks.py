@@ -1,6 +1,7 @@
 """Leaks over time: one runner under the load of long use (mail to a few sessions every 1-3 s, a
 heartbeat every 10 s), its open files by kind and its memory sampled as it goes. For work that runs for
-months these must stay flat after the warm-up.
+months these must stay flat after the warm-up. Memory is split by where it lives (the brk heap, other
+anonymous maps such as malloc arenas and Python's, files); `messages` is how many were sent.
 
     python bench/leaks.py              # 10 minutes, a sample a minute
     python bench/leaks.py 3 20         # 3 minutes, a sample every 20 s
@@ -21,14 +22,15 @@ from collections import Counter
 
 from common import scripted_workspace
 
-from primefs import mail
-from primefs.session import list_sessions
+from primefs.store import mail
+from primefs.store.session import list_sessions
 
-SCRIPT = """\
-rules:
-  - match: "^Talk"
-    replies:
-""" + "".join(f"      - code: \"n = {i}\\nprint(n)\"\n      - text: reply {i}\n" for i in range(3000))
+# Every call gets the next of these (a rule would not match a compacted conversation, whose first
+# message is its summary): a cell, then an answer.
+SCRIPT = "default:\n" + "".join(f"  - code: \"n = {i}\\nprint(n)\"\n  - text: reply {i}\n" for i in range(3000))
+# As with a real model, conversations are compacted once long (a scripted model has no window of its
+# own): without it a session's conversation, and the runner's memory, would grow with every message.
+COMPACT_AT_TOKENS = 6000
 
 
 def fd_kinds(pid: int) -> Counter:
@@ -66,7 +68,7 @@ def sample(pid: int) -> dict:
 
 def main(minutes: float = 10.0, every_s: float = 60.0, warm_s: float = 30.0, seed: int = 0) -> dict:
     rnd = random.Random(seed)
-    ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": 4})
+    ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": 4, "compact_at_tokens": COMPACT_AT_TOKENS})
     names = [f"talk{i}" for i in range(3)]
     for name in names:
         (ws.goals / f"{name}.md").write_text(f"---\nname: {name}\n---\nTalk {name}\n")

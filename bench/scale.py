@@ -32,8 +32,8 @@ from pathlib import Path
 
 from bigworkspace import build, seed
 
-from primefs.gitops import commit_paths
-from primefs.summary import FILE as SUMMARY
+from primefs.store.gitops import commit_paths
+from primefs.store.summary import FILE as SUMMARY
 
 REPEAT = 3
 # Commands run as installed: their bytecode cached (__pycache__), even where PYTHONDONTWRITEBYTECODE is set

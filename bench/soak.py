@@ -22,9 +22,9 @@ from pathlib import Path
 
 from common import scripted_workspace
 
-from primefs import mail
-from primefs.history import iter_events
-from primefs.session import list_sessions
+from primefs.store import mail
+from primefs.store.history import iter_events
+from primefs.store.session import list_sessions
 
 SCRIPT = """\
 rules:

@@ -1,3 +1,3 @@
-from primefs.cli import main
+from primefs.cli.main import main
 
 main()

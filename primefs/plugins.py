@@ -1,11 +1,13 @@
 """The plugin manager: built-ins, installed plugins (entry-point group `primefs`), workspace plugins/*.py.
 
-Set PRIMEFS_LOAD_PLUGINS=0 to load only the built-ins (tests, or to rule out a broken plugin).
+Set PRIMEFS_LOAD_PLUGINS=0 to load only the built-ins (tests, or to rule out a broken plugin), or to a
+comma-separated list of names to load only those (`needle,mytools`: entry-point names, workspace files by stem).
 A workspace plugin that fails to import is reported and skipped, never fatal; one that is not trusted
 (trust.py: new, or changed since `primefs trust`) is reported and never imported.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -14,38 +16,40 @@ from pathlib import Path
 
 import pluggy
 
-from primefs import hookimpl, hookspecs
+from primefs import hookspecs
+
+# The built-in plugins (plugin name, module): registered first, through the same hooks as any other.
+DEFAULT_PLUGINS = (("primefs.builtin", "primefs.default_plugins.providers"),
+                   ("primefs.builtin-end-conditions", "primefs.default_plugins.end_conditions"))
 
 
-class BuiltinProviders:
-    @hookimpl
-    def register_providers(self, register):
-        from primefs.providers.litellm_provider import LiteLLMProvider
-        from primefs.providers.local import LocalProvider
-        from primefs.providers.scripted import ScriptedProvider
-
-        # Order matters: the first provider that matches a model id serves it; litellm takes any id.
-        register(ScriptedProvider())
-        register(LocalProvider())
-        register(LiteLLMProvider())
+def chosen_plugins() -> set[str] | None:
+    """What PRIMEFS_LOAD_PLUGINS asks for: None for every plugin (unset or `1`), an empty set for the
+    built-ins only (`0` or empty), else the names in its comma-separated list (entry-point names,
+    workspace plugin files by stem)."""
+    value = os.environ.get("PRIMEFS_LOAD_PLUGINS", "1").strip()
+    if value == "1":
+        return None
+    return {n.strip() for n in value.split(",") if n.strip() and n.strip() != "0"}
 
 
 def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
     pm = pluggy.PluginManager("primefs")
     pm.add_hookspecs(hookspecs)
     pm.primefs_failed = []  # plugins that did not load: {name, source, kind, error} (`primefs plugins`)
-    from primefs.endconditions import BuiltinEndConditions
-
-    pm.register(BuiltinProviders(), name="primefs.builtin")
-    pm.register(BuiltinEndConditions(), name="primefs.builtin-end-conditions")
-    if os.environ.get("PRIMEFS_LOAD_PLUGINS", "1") != "0":
-        _load_entry_points(pm)
+    for name, module in DEFAULT_PLUGINS:
+        pm.register(importlib.import_module(module), name=name)
+    chosen = chosen_plugins()
+    if chosen is None or chosen:
+        _load_entry_points(pm, chosen)
         if workspace_root is not None:
-            from primefs import trust
-            from primefs.workspace import Workspace
+            from primefs.store import trust
+            from primefs.store.workspace import Workspace
 
             ws = Workspace(workspace_root)
             for path in sorted(ws.plugins.glob("*.py")):
+                if chosen is not None and path.stem not in chosen:
+                    continue
                 rel = path.relative_to(ws.root).as_posix()
                 if trust.trusted(ws, rel):
                     _load_file(pm, path)
@@ -53,14 +57,19 @@ def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
                     pm.primefs_failed.append({"name": f"workspace:{path.name}", "source": str(path),
                                               "kind": "workspace file",
                                               "error": trust.untrusted_note(rel, "this plugin is")})
+    seen = {n.removeprefix("workspace:").removesuffix(".py") for n, _ in pm.list_name_plugin()}
+    seen |= {f["name"].removeprefix("workspace:").removesuffix(".py") for f in pm.primefs_failed}
+    for name in sorted((chosen or set()) - seen):  # a typo must not look like a plugin with no hooks
+        pm.primefs_failed.append({"name": name, "source": "PRIMEFS_LOAD_PLUGINS", "kind": "chosen",
+                                  "error": "no installed plugin (entry point) or workspace plugin file has this name"})
     return pm
 
 
-def _load_entry_points(pm: pluggy.PluginManager) -> None:
+def _load_entry_points(pm: pluggy.PluginManager, chosen: set[str] | None) -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="primefs"):
-        if pm.get_plugin(ep.name) is not None:
+        if pm.get_plugin(ep.name) is not None or (chosen is not None and ep.name not in chosen):
             continue
         try:
             pm.register(ep.load(), name=ep.name)

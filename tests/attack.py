@@ -128,12 +128,12 @@ def snapshot_files(ws, skip: tuple = ()) -> dict:
 
 
 def run_attack(folder: Path, sandbox: str) -> dict:
-    from primefs import trust
-    from primefs.frontmatter import dump_yaml, load_yaml
-    from primefs.goals import write_goal
-    from primefs.runner import Runner
-    from primefs.session import list_sessions
-    from primefs.workspace import Workspace, init_workspace
+    from primefs.store import trust
+    from primefs.store.frontmatter import dump_yaml, load_yaml
+    from primefs.store.goals import write_goal
+    from primefs.runner.core import Runner
+    from primefs.store.session import list_sessions
+    from primefs.store.workspace import Workspace, init_workspace
 
     folder = Path(folder).resolve()
     ws = init_workspace(folder / "ws")
@@ -186,7 +186,7 @@ def run_attack(folder: Path, sandbox: str) -> dict:
         findings = json.loads(attacker.events("cell")[0]["output"])
         after = snapshot_files(ws, skip=("goals/attacker", f"sessions/{attacker.id}"))
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        from primefs import mail
+        from primefs.store import mail
 
         mail.deliver(victim.mail, sender="user", to=victim.id, kind="user", text="wake up")
         wait_for(lambda: victim.read_result() == "victim done", 60, "the victim")
@@ -208,7 +208,7 @@ def run_attack(folder: Path, sandbox: str) -> dict:
         listener.close()
         tcp.close()
         os.unlink(host_socket)
-    from primefs.gitops import git
+    from primefs.store.gitops import git
 
     git(ws.root, "status", check=False)  # as primefs runs git: a planted fsmonitor or hook never runs
     result["marker"] = marker.exists()

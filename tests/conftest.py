@@ -18,12 +18,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hypothesis import settings as hypothesis_settings  # noqa: E402
 from openai_server import ScriptServer  # noqa: E402
 
-from primefs import trust  # noqa: E402
-from primefs.control import lock_held  # noqa: E402
-from primefs.frontmatter import dump_yaml, load_yaml  # noqa: E402
-from primefs.runner import Runner  # noqa: E402
-from primefs.session import list_sessions  # noqa: E402
-from primefs.workspace import Workspace, init_workspace  # noqa: E402
+from primefs.store import trust  # noqa: E402
+from primefs.store.control import lock_held  # noqa: E402
+from primefs.store.frontmatter import dump_yaml, load_yaml  # noqa: E402
+from primefs.runner.core import Runner  # noqa: E402
+from primefs.store.session import list_sessions  # noqa: E402
+from primefs.store.workspace import Workspace, init_workspace  # noqa: E402
 
 # The suite's fuzz tests give the same examples every run, so a red CI is reproducible; exploring new ones
 # is bench/fuzz.py's job (or HYPOTHESIS_PROFILE=explore pytest tests/test_fuzz.py).

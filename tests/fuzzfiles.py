@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from primefs.frontmatter import dump_yaml, load_yaml
+from primefs.store.frontmatter import dump_yaml, load_yaml
 
 GOAL_KEYS = ["model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
              "sandbox"]
@@ -133,11 +133,11 @@ def reported(ws, rel: str, said: str) -> bool:
 
 
 def usable(ws, rel: str) -> bool:
-    from primefs.frontmatter import load_yaml
-    from primefs.goals import parse_goal
-    from primefs.harness import Harness
-    from primefs.heartbeat import check
-    from primefs.session import Session
+    from primefs.store.frontmatter import load_yaml
+    from primefs.store.goals import parse_goal
+    from primefs.harness.entries import Harness
+    from primefs.store.heartbeat import check
+    from primefs.store.session import Session
 
     path = Path(ws.root, rel)
     try:
@@ -158,8 +158,8 @@ def fuzz_workspace(prefix: str = "primefs-fuzz-"):
     """A new workspace whose model always answers "ok" (scripted), and the session that gets the bad mail."""
     import tempfile
 
-    from primefs.session import create_session
-    from primefs.workspace import Workspace, init_workspace
+    from primefs.store.session import create_session
+    from primefs.store.workspace import Workspace, init_workspace
 
     ws = init_workspace(Path(tempfile.mkdtemp(prefix=prefix)) / "ws")
     (ws.root / "s.yaml").write_text("default:\n" + "  - text: ok\n" * 50)

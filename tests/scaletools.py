@@ -12,8 +12,8 @@ from conftest import configure, run_once
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from bigworkspace import Copier  # noqa: E402
 
-from primefs.history import iter_events  # noqa: E402
-from primefs.workspace import git_env  # noqa: E402
+from primefs.store.history import iter_events  # noqa: E402
+from primefs.store.workspace import git_env  # noqa: E402
 
 FAN = """\
 rules:

@@ -9,10 +9,11 @@ import pytest
 from conftest import BackgroundRunner, wait_for
 from scaletools import cli, fan_out, grow
 
-from primefs import alive, mail
-from primefs.index import session_ids
-from primefs.runner import Runner
-from primefs.session import Session
+from primefs.runner import alive
+from primefs.store import mail
+from primefs.index.db import session_ids
+from primefs.runner.core import Runner
+from primefs.store.session import Session
 
 
 def turns(ws, sid: str) -> int:
@@ -33,7 +34,7 @@ def test_runner_start_loads_only_what_is_alive(ws, monkeypatch):
     parsed, read = [], []
     real_meta = Session.read_meta
     monkeypatch.setattr(Session, "read_meta", lambda self: parsed.append(self.id) or real_meta(self))
-    import primefs.history as history
+    import primefs.store.history as history
 
     real_iter = history.iter_lines
     monkeypatch.setattr(history, "iter_lines", lambda f, *a, **k: read.append(getattr(f, "name", "")) or real_iter(f, *a, **k))

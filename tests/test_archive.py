@@ -14,10 +14,11 @@ import pytest
 from conftest import BackgroundRunner, wait_for
 from scaletools import cli, fan_out, grow
 
-from primefs import archive, mail
-from primefs.archive import recover
-from primefs.index import session_ids
-from primefs.session import Session
+from primefs.index import archive
+from primefs.store import mail
+from primefs.index.archive import recover
+from primefs.index.db import session_ids
+from primefs.store.session import Session
 
 
 def tracked(ws) -> str:
@@ -210,7 +211,7 @@ def test_a_runner_does_the_archive_and_a_killed_one_leaves_no_half_tree(ws):
 def test_archiving_takes_a_sessions_own_harness_files_out_of_git_too(ws):
     """A session's harness/ (committed by harness commits) leaves with its folder in the archive commit:
     nothing is left deleted-but-tracked for the next hand-edit commit to take as a person's deletion."""
-    from primefs.harness import Harness, HarnessGit
+    from primefs.harness.entries import Harness, HarnessGit
 
     ws = fan_out(ws)
     root = next(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).meta.get("parent") is None)
@@ -230,7 +231,7 @@ def test_archiving_takes_a_sessions_own_harness_files_out_of_git_too(ws):
 
 
 def _archived_rows(ws) -> dict:
-    from primefs.index import Index
+    from primefs.index.db import Index
 
     index = Index(ws.root)
     try:
@@ -270,7 +271,7 @@ def test_rows_of_archived_sessions_lost_from_the_index_come_back_from_the_manife
     locked out are made good by the next `logs`."""
     import sqlite3
 
-    from primefs.index import FILE, Index
+    from primefs.index.db import FILE, Index
 
     ws = fan_out(ws)
     grow(ws, 1)

@@ -195,9 +195,9 @@ def test_goal_limit_overrides(home):
 
 
 def test_example_workspace_is_ready(tmp_path):
-    from primefs.goals import goal_files, parse_goal
-    from primefs.harness import Harness
-    from primefs.workspace import Workspace
+    from primefs.store.goals import goal_files, parse_goal
+    from primefs.harness.entries import Harness
+    from primefs.store.workspace import Workspace
 
     example = Path(__file__).resolve().parent.parent / "example_workspace"
     r = cli("init", "--from", str(example), "ex", cwd=tmp_path)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from conftest import BackgroundRunner, use_server, wait_for
 
-from primefs import mail
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store import mail
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 BIG = "print('x' * 600)"
 LONG_MESSAGE = "Please continue. " + "Some background you may need later. " * 55  # ~2,000 characters

@@ -10,10 +10,10 @@ from collections import Counter
 import pytest
 from conftest import configure, run_once, sigkill_runner_when
 
-from primefs import mail
-from primefs.goals import write_goal
-from primefs.history import iter_events
-from primefs.session import list_sessions
+from primefs.store import mail
+from primefs.store.goals import write_goal
+from primefs.store.history import iter_events
+from primefs.store.session import list_sessions
 
 pytestmark = pytest.mark.slow
 

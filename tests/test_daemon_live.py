@@ -18,10 +18,10 @@ import time
 from conftest import PRIMEFS, answered_under_a_runner, cli, session_named, wait_for
 from rich.console import Console
 
-from primefs.daemon import alive
-from primefs.control import lock_held
-from primefs.history import HistoryReader
-from primefs.live import follow
+from primefs.cli.daemon import alive
+from primefs.store.control import lock_held
+from primefs.store.history import HistoryReader
+from primefs.cli.live import follow
 
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
@@ -97,7 +97,7 @@ def test_up_reports_a_runner_that_dies_at_start(ws):
 
 
 def test_follow_streams_appends_and_waits_for_torn_lines(ws, scripted):
-    from primefs.session import create_session
+    from primefs.store.session import create_session
 
     s = create_session(ws.sessions, task="t", name="f", model="scripted/x")
     s.history.append("notice", text="first")
@@ -194,6 +194,7 @@ def test_attach_through_a_terminal(ws, scripted, daemon_cleanup):
         msgs = s.events("message")
         assert [(m["from"], m["kind"], m["text"]) for m in msgs] == [("user", "user", "please continue")]
         assert os.listdir(s.mail / "new") == [] and len(os.listdir(s.mail / "cur")) == 1
+        wait_for(lambda: s.reload()["status"] == "idle", what="the turn ended")  # what detach then says
         term.send(b"\x04")  # Ctrl-D on an empty line: end of input
         term.expect("detached; talk is idle; a message (primefs send) starts its next turn", 10)
         assert term.proc.wait(10) == 0
@@ -206,7 +207,7 @@ def test_attach_through_a_terminal(ws, scripted, daemon_cleanup):
 
 
 def test_attach_without_runner_and_ctrl_c_and_live_agents(ws, scripted):
-    from primefs.session import create_session
+    from primefs.store.session import create_session
 
     ws = scripted("- text: hi\n")
     s = create_session(ws.sessions, task="t", name="quiet", model="scripted/script.yaml")

@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import run_once
 
-from primefs.cli import main
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.cli.main import main
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 DEEP = "[" * 200_000 + "]" * 200_000
 COMMANDS = [["status"], ["status", "--json"], ["status", "-a"], ["usage", "one"], ["usage", "one", "--tree"],
@@ -28,7 +28,7 @@ COMMANDS = [["status"], ["status", "--json"], ["status", "-a"], ["usage", "one"]
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     """A workspace with sessions one (and a child), two, and an archived tree: copied for each case."""
-    from primefs.workspace import init_workspace
+    from primefs.store.workspace import init_workspace
 
     ws = init_workspace(tmp_path_factory.mktemp("damage") / "ws")
     (ws.root / "s.yaml").write_text("rules:\n  - match: '^one'\n    replies:\n      - code: \"rlm('sub').wait()\"\n"

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from primefs.history import iter_events
+from primefs.store.history import iter_events
 
 
 def cli(*args, cwd, env=None):
@@ -46,7 +46,7 @@ default:
 
 def tree_usage(ws_root, sid):
     sessions = {p.name: p for p in (ws_root / "sessions").iterdir() if (p / "session.yaml").is_file()}
-    from primefs.frontmatter import load_yaml
+    from primefs.store.frontmatter import load_yaml
 
     parents = {k: load_yaml(p / "session.yaml").get("parent") for k, p in sessions.items()}
     tree, stack = [], [sid]

@@ -9,9 +9,9 @@ import json
 import pytest
 from test_eval import BENCH_PLUGIN, cli, rows
 
-from primefs.evalitems import score_contains, score_exact, score_f1_set, score_number
-from primefs.frontmatter import load_yaml
-from primefs.history import iter_events
+from primefs.eval.items import score_contains, score_exact, score_f1_set, score_number
+from primefs.store.frontmatter import load_yaml
+from primefs.store.history import iter_events
 
 # The RLM sessions answer lucky-mirror's number (right for needle item 0 of seed 0); the direct
 # prompt (it holds the context between <context> tags) gets a wrong number.

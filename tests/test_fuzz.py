@@ -12,17 +12,17 @@ from fuzzfiles import (GOAL_KEYS, MAIL_KEYS, SESSION_KEYS, bad_files, file_conte
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from primefs import frontmatter, mail
+from primefs.store import frontmatter, mail
 from primefs.errors import PrimefsError
-from primefs.frontmatter import load_yaml
-from primefs.goals import parse_goal
-from primefs.heartbeat import check as check_heartbeat
-from primefs.history import iter_events
+from primefs.store.frontmatter import load_yaml
+from primefs.store.goals import parse_goal
+from primefs.store.heartbeat import check as check_heartbeat
+from primefs.store.history import iter_events
 from primefs.providers.script import normalize_script
-from primefs.session import Session
-from primefs.settings import check_config, check_limits, check_sandbox
-from primefs.tools import check_selection
-from primefs.workspace import Workspace, init_workspace
+from primefs.store.session import Session
+from primefs.store.settings import check_config, check_limits, check_sandbox
+from primefs.tools.registry import check_selection
+from primefs.store.workspace import Workspace, init_workspace
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 _ws = None
@@ -107,7 +107,7 @@ def test_front_matter_and_harness_entries(text):
     ws = workspace()
     path = ws.harness / "notes" / "fuzz.md"
     path.write_text(text, encoding="utf-8", errors="replace")
-    from primefs.harness import Harness
+    from primefs.harness.entries import Harness
 
     entries = Harness(ws).list()  # a broken entry comes back with its problem, never raises
     assert all(e.problem is None or "harness/notes/fuzz.md" in e.problem for e in entries if e.name == "fuzz")

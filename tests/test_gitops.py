@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from primefs import gitops
-from primefs.gitops import commit_paths
+from primefs.store import gitops
+from primefs.store.gitops import commit_paths
 
 
 def changed(ws, rev: str = "HEAD") -> list[str]:

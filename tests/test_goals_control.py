@@ -7,8 +7,8 @@ import sys
 
 from conftest import run_once, use_server
 
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 
 def only(ws, name):

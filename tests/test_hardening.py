@@ -10,12 +10,12 @@ import time
 import pytest
 from conftest import configure, run_once
 
-from primefs import mail
+from primefs.store import mail
 from primefs.errors import PrimefsError
-from primefs.goals import write_goal
-from primefs.harness import Harness
-from primefs.session import list_sessions
-from primefs.workspace import Workspace
+from primefs.store.goals import write_goal
+from primefs.harness.entries import Harness
+from primefs.store.session import list_sessions
+from primefs.store.workspace import Workspace
 
 
 def scripted(ws):
@@ -111,7 +111,7 @@ def test_bad_limits_are_one_line_naming_key_and_range(ws, limits, said):
 
 
 def test_alias_names_are_one_printable_line(ws):
-    from primefs.settings import check_config
+    from primefs.store.settings import check_config
 
     for name in ("\n", "two\nlines", " ", "tab\there"):  # found by the fuzz test: a two-line error message
         with pytest.raises(PrimefsError) as info:

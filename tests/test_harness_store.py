@@ -5,10 +5,10 @@ import subprocess
 
 import pytest
 
-from primefs import harness
+from primefs.harness import entries as harness
 from primefs.errors import PrimefsError
-from primefs.harness import Harness, render_for_prompt, session_chain
-from primefs.session import create_session
+from primefs.harness.entries import Harness, render_for_prompt, session_chain
+from primefs.store.session import create_session
 
 
 def git(ws, *args) -> str:

@@ -7,9 +7,9 @@ import sys
 
 from conftest import run_once, use_server
 
-from primefs.goals import write_goal
-from primefs.harness import Harness
-from primefs.session import list_sessions
+from primefs.store.goals import write_goal
+from primefs.harness.entries import Harness
+from primefs.store.session import list_sessions
 
 
 def cli(ws, *args):
@@ -164,7 +164,7 @@ def test_refine_rejects_entries_changed_since_planning(ws, server):
     write_goal(ws, "Chat", name="c")
     run_once(ws)
     # a person edits the note while the refine call is being planned: simulate by editing in the complete hook
-    from primefs.runner import Runner
+    from primefs.runner.core import Runner
 
     r = Runner(ws, log=lambda m: None)
     real = r.gateway.complete

@@ -10,10 +10,10 @@ from datetime import datetime
 import pytest
 from conftest import BackgroundRunner, configure, run_once, wait_for
 
-from primefs import heartbeat as hb
+from primefs.store import heartbeat as hb
 from primefs.errors import PrimefsError
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 
 def test_schedules():

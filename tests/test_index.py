@@ -10,9 +10,9 @@ import time
 import pytest
 from scaletools import cli, fan_out, grow, recount
 
-from primefs import index as indexmod
-from primefs.index import Index, session_ids
-from primefs.session import Session
+from primefs.index import db as indexmod
+from primefs.index.db import Index, session_ids
+from primefs.store.session import Session
 
 
 def usage_of_all(ws) -> dict:
@@ -163,7 +163,7 @@ def test_reindex_rebuilds_everything(ws):
 def _two_writers_at_once(monkeypatch, *calls) -> None:
     """Each call reads what to index; only then do their writes happen, one after the other (two
     commands that read the same rows before either wrote)."""
-    from primefs import eventindex
+    from primefs.index import events as eventindex
 
     held = []
     real = eventindex.EventIndexer.flush
@@ -185,7 +185,7 @@ def _lines(data: bytes) -> int:
 
 
 def test_two_index_writers_at_once_store_each_event_once(ws, monkeypatch):
-    from primefs.eventindex import sync_events
+    from primefs.index.events import sync_events
 
     ws = fan_out(ws)
     one, two = Index(ws.root), Index(ws.root)
@@ -205,7 +205,7 @@ def test_two_index_writers_at_once_store_each_event_once(ws, monkeypatch):
 def test_two_processes_adding_the_same_archive_store_its_events_once(ws, monkeypatch):
     import zipfile
 
-    from primefs.archived import index_archive
+    from primefs.index.archived import index_archive
 
     ws = fan_out(ws)
     assert cli(ws, "archive", "--json").returncode == 0
@@ -221,7 +221,7 @@ def test_two_processes_adding_the_same_archive_store_its_events_once(ws, monkeyp
 
 
 def test_a_session_renamed_by_hand_is_found_by_its_new_name_only(ws):
-    from primefs.index import find_session, session_names
+    from primefs.index.db import find_session, session_names
 
     ws = fan_out(ws)
     grow(ws, 1)
@@ -243,7 +243,7 @@ def test_a_session_renamed_by_hand_is_found_by_its_new_name_only(ws):
 
 
 def test_a_mended_session_yaml_puts_its_subtree_back_for_stop_tree(ws):
-    from primefs.index import descendants
+    from primefs.index.db import descendants
 
     ws = fan_out(ws)
     root = next(sid for sid in session_ids(ws.sessions) if Session(ws.sessions / sid).meta.get("parent") is None)

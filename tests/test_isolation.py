@@ -21,9 +21,9 @@ from attack import run_attack
 from conftest import cli, configure, run_once, wait_for
 from test_sandbox import as_nobody  # noqa: F401 - the fixture
 
-from primefs import mail, trust
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store import mail, trust
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 REFUSED_WITH_A_SANDBOX = [
     "victim session.yaml", "victim history", "victim result", "victim mail", "victim snapshot", "own session.yaml",
@@ -120,10 +120,10 @@ def test_a_command_end_condition_runs_in_the_sessions_sandbox(ws, monkeypatch):
 
 
 def _run_in_room(ws, s, command: str):
-    from primefs.runner import Runner
+    from primefs.runner.core import Runner
 
     r = Runner(ws)
-    from primefs.agent import Agent
+    from primefs.runner.agent import Agent
 
     agent = Agent(s, ws=ws, tree=r.tree, gateway=r.gateway, post=r.post, host=None, bell=r.bell)
     return agent.run_command(command, 30)
@@ -239,7 +239,7 @@ def test_a_rooms_files_are_committed_read_safely(ws, scripted):
         try:
             shutil.rmtree(s.dir / "work" / "d")
             os.symlink(secret, s.dir / "work" / "d")
-            from primefs.gitops import commit_paths
+            from primefs.store.gitops import commit_paths
 
             commit_paths(ws.root, [f"sessions/{s.id}"], "after the swap")
             assert show("d") == str(secret) and "root only" not in show("d/out.txt")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import cli, configure, wait_for
 
-from primefs.kernelhost import KernelSpec
-from primefs.localkernels import LocalKernelHost
+from primefs.kernels.host import KernelSpec
+from primefs.kernels.local import LocalKernelHost
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_a_cell_aborted_behind_a_console_error_is_sent_again_not_taken_for_run(k
 
 
 def test_a_cell_aborted_every_time_is_reported_as_not_run(kernel, monkeypatch):
-    from primefs import kernelclient
+    from primefs.kernels import client as kernelclient
 
     real = kernelclient.KernelClient._execute
     kc = console_client(kernel.connection())

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from primefs.kernelhost import KernelSpec
-from primefs.localkernels import LocalKernelHost, process_state
+from primefs.kernels.host import KernelSpec
+from primefs.kernels.local import LocalKernelHost, process_state
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def host(tmp_path):
 
 def call_from(kernel, sock, token, op="send"):
     """Code in `kernel` calls the runner with `token` (its own, or one it stole)."""
-    code = (f"from primefs.rpc import call\ntry:\n    print('reply:', call({str(sock)!r}, {token!r}, {op!r}, "
+    code = (f"from primefs.kernels.inside.rpc import call\ntry:\n    print('reply:', call({str(sock)!r}, {token!r}, {op!r}, "
             "{'to': 'parent', 'text': 'hi'}))\nexcept Exception as e:\n    print('error:', e)")
     return kernel.execute(code, timeout=20).output
 
@@ -67,7 +67,7 @@ def test_a_stolen_token_is_refused(host, tmp_path):
     # a has b's token (however it got it): the runner refuses, since the caller is not b's process tree
     assert "error: request refused: the caller is not a process of the kernel" in call_from(a, sock, b.token)
     # a subprocess of b's kernel acts for b
-    script = f"from primefs.rpc import call; print(call({str(sock)!r}, {b.token!r}, 'send', {{}}))"
+    script = f"from primefs.kernels.inside.rpc import call; print(call({str(sock)!r}, {b.token!r}, 'send', {{}}))"
     out = b.execute(f"import subprocess, sys\nr = subprocess.run([sys.executable, '-c', {script!r}], "
                     "capture_output=True, text=True)\nprint(r.stdout, r.stderr)", timeout=30).output
     assert "ok from b" in out, out

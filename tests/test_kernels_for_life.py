@@ -5,9 +5,9 @@ import subprocess
 
 from conftest import BackgroundRunner, configure, run_once, sigkill_runner_when, wait_for
 
-from primefs import mail
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store import mail
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 SET_THEN_READ = """\
 - code: "x = 41\\nimport math\\ndef f(a):\\n    return a + 1\\nimport socket\\nsock = socket.socket()"
@@ -152,7 +152,7 @@ rules:
     replies:
       - code: |
           import os
-          from primefs.rpc import call
+          from primefs.kernels.inside.rpc import call
           sock, tok = open('../../../stolen.txt').read().split()  # from the room: sessions/<id>/work/
           sock = sock if os.path.exists(sock) else '/tmp/.primefs/rpc'  # a sandboxed kernel's view of it
           for op, args in [('send', {'to': 'parent', 'text': 'x'}),

@@ -9,11 +9,11 @@ import pytest
 from conftest import configure, run_once
 
 from primefs.errors import PrimefsError
-from primefs.goals import write_goal
+from primefs.store.goals import write_goal
 from primefs.providers import local
 from primefs.providers.local import first_reply_grammar
-from primefs.session import list_sessions
-from primefs.settings import check_config
+from primefs.store.session import list_sessions
+from primefs.store.settings import check_config
 
 GRAMMAR = 'root ::= "```python\\n" [^`]+ "```"'
 

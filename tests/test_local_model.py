@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from primefs.conversation import fenced_code
-from primefs.frontmatter import load_yaml
+from primefs.store.conversation import fenced_code
+from primefs.store.frontmatter import load_yaml
 from primefs.providers.local import LocalProvider, ensure_server, model_path
 
 pytestmark = pytest.mark.slow
@@ -60,6 +60,6 @@ def test_the_prompt_is_counted_by_the_models_own_tokenizer():
     reply = LocalProvider().complete(messages, None, {"model": "local", "max_tokens": 1})
     assert abs(counted - reply.input_tokens) <= 2  # what the server itself charges for it
     assert counted > len(code) / 3.2  # the old estimate (4 characters a token) undercounted by a third
-    from primefs.gateway import cautious_tokens
+    from primefs.runner.gateway import cautious_tokens
 
     assert cautious_tokens(messages) >= counted  # the cheap check before a count never says "fits" wrongly

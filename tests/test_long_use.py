@@ -7,8 +7,8 @@ import os
 
 from conftest import cli, configure, run_once, session_named
 
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 
 def scripted(ws, rules: str):

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 from conftest import configure, run_once, use_server
 
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 
 def only_session(ws):
@@ -211,7 +211,7 @@ def test_turn_boundaries_are_committed(ws, server):
 def test_coalesced_turn_commits_name_their_sessions(ws):
     import time
 
-    from primefs.gitops import Committer, Mark, commit_lock, subject_for
+    from primefs.store.gitops import Committer, Mark, commit_lock, subject_for
 
     def subjects(n):
         return subprocess.run(["git", "-C", str(ws.root), "log", f"-{n}", "--format=%s"], capture_output=True,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import BackgroundRunner, cli, configure, run_once, session_named, wait_for
 
-from primefs import mail
-from primefs.goals import write_goal
-from primefs.mcptools import MCPHub
+from primefs.store import mail
+from primefs.store.goals import write_goal
+from primefs.tools.mcp import MCPHub
 
 HERE = Path(__file__).parent
 CALC = {"command": sys.executable, "args": [str(HERE / "mcp_server.py")], "env": {"SECRET": "${TEST_MCP_SECRET}"}}

@@ -5,9 +5,9 @@ import time
 
 from conftest import BackgroundRunner, run_once, use_server, wait_for
 
-from primefs.control import request_stop
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store.control import request_stop
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 
 def only(ws):

@@ -15,8 +15,8 @@ import pytest
 from conftest import PRIMEFS, answered_under_a_runner, cli, configure, run_once, session_named, use_server, wait_for
 from openai_server import ScriptServer
 
-from primefs.control import lock_held
-from primefs.goals import write_goal
+from primefs.store.control import lock_held
+from primefs.store.goals import write_goal
 
 
 def start_runner(ws, *args):
@@ -50,13 +50,13 @@ def test_ask_prints_the_answer_with_and_without_a_runner(ws, scripted, daemon_cl
 
 
 def ws_sessions(ws):
-    from primefs.session import list_sessions
+    from primefs.store.session import list_sessions
 
     return list_sessions(ws.sessions)
 
 
 def test_wait_and_result_say_when_there_is_nothing(ws, scripted):
-    from primefs.session import create_session
+    from primefs.store.session import create_session
 
     ws = scripted("- text: hi\n")
     s = create_session(ws.sessions, task="t", name="later", model="scripted/script.yaml")
@@ -147,6 +147,16 @@ def test_models_and_plugins(ws, monkeypatch):
     assert plugins["workspace:fine.py"]["loaded"] and plugins["workspace:fine.py"]["hooks"] == ["register_end_conditions"]
     assert not plugins["workspace:broken.py"]["loaded"] and "boom" in plugins["workspace:broken.py"]["error"]
     assert plugins["primefs.builtin"]["kind"] == "built-in"
+    assert plugins["primefs.builtin"]["source"].endswith("default_plugins/providers.py")  # a plugin like any other
+    # a chosen list: only the plugins it names load (entry points by name, workspace files by stem), and a
+    # name that matches nothing is said, not silently a plugin with no hooks
+    r = subprocess.run([*PRIMEFS, "-w", str(ws.root), "plugins", "--json"], capture_output=True, text=True,
+                       env={**env_less, "PRIMEFS_LOAD_PLUGINS": "needle, fine,nosuch"})
+    chosen = {p["name"]: p for p in json.loads(r.stdout)}
+    assert {n for n, p in chosen.items() if p["loaded"]} == {"primefs.builtin", "primefs.builtin-end-conditions",
+                                                             "needle", "workspace:fine.py"}
+    assert not chosen["nosuch"]["loaded"] and "no installed plugin" in chosen["nosuch"]["error"]
+    assert "aggregate" not in chosen and "workspace:broken.py" not in chosen and "workspace:planted.py" not in chosen
 
 
 def test_runner_reloads_config_and_status_says_rejected(ws, scripted, daemon_cleanup):
@@ -198,7 +208,7 @@ def test_missing_key_is_one_clear_error_and_run_once_exits_3(ws):
     st = subprocess.run([*PRIMEFS, "-w", str(ws.root), "status"], capture_output=True, text=True,
                         env={**env, "COLUMNS": "80"})
     assert "environment variable OPENAI_API_KEY, which is not set" in st.stdout.replace("\n", " ")
-    from primefs.index import find_session
+    from primefs.index.db import find_session
 
     s = find_session(ws.sessions, "nokey")
     [err] = s.events("model_error")  # said once, not retried
@@ -326,8 +336,8 @@ def test_agents_fits_80_by_24(ws):
     the number columns keep their width from frame to frame."""
     from rich.console import Console
 
-    from primefs.agents import AgentsView
-    from primefs.session import create_session
+    from primefs.cli.agents import AgentsView
+    from primefs.store.session import create_session
 
     for i in range(40):
         s = create_session(ws.sessions, task="t", name=f"a-rather-long-session-name-{i}", model="local")
@@ -374,7 +384,7 @@ def test_a_runner_says_it_started_and_tables_read_at_80_columns(ws, scripted, da
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
-    from primefs.harness import Harness
+    from primefs.harness.entries import Harness
 
     Harness(ws).put("note", "a-note-with-a-rather-long-name-indeed", "Use code. " * 20, source="user")
     env = {**os.environ, "COLUMNS": "80"}

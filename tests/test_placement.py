@@ -5,9 +5,9 @@ import pytest
 from conftest import configure
 
 from primefs.errors import PrimefsError
-from primefs.goals import parse_goal
-from primefs.placement import Node, choose, kernel_needs, never_fits
-from primefs.settings import check_hosts, check_resources
+from primefs.store.goals import parse_goal
+from primefs.kernels.placement import Node, choose, kernel_needs, never_fits
+from primefs.store.settings import check_hosts, check_resources
 
 
 def nodes():

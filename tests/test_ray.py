@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import BackgroundRunner, configure, run_once, use_server, wait_for
 
-from primefs.accounting import UsageIndex
-from primefs.goals import write_goal
-from primefs.mail import deliver
-from primefs.session import list_sessions
+from primefs.index.accounting import UsageIndex
+from primefs.store.goals import write_goal
+from primefs.store.mail import deliver
+from primefs.store.session import list_sessions
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -54,8 +54,8 @@ def outputs(s):
 
 
 def test_the_ray_host_behind_the_kernel_host_seam(ws, cluster, tmp_path):
-    from primefs.kernelhost import KernelSpec
-    from primefs.raykernels import RayKernelHost
+    from primefs.kernels.host import KernelSpec
+    from primefs.kernels.ray import RayKernelHost
 
     calls = []
 
@@ -84,7 +84,7 @@ def test_the_ray_host_behind_the_kernel_host_seam(ws, cluster, tmp_path):
         a.shutdown()
         assert not a.alive() and b.alive() and host.state()["live_kernels"] == 1
         # a sandboxed session is sandboxed on its node too: no network there
-        from primefs.settings import check_sandbox
+        from primefs.store.settings import check_sandbox
 
         room = ws.root / "sessions" / "sc" / "work"
         boxed = host.start(KernelSpec("sc", ws.root, room, rooms=[room], resources={"w1": 1},
@@ -118,7 +118,7 @@ def test_sessions_pinned_to_a_node_and_shown_there(ws, cluster):
     assert outputs(s["one"]) == [f"{s['one'].dir}/work\n"]  # kernels work in their room of the (shared) workspace
     assert s["nowhere"].status == "failed"
     assert "no node of the Ray cluster has gpu_a100=1, worker=1 for one kernel" in s["nowhere"].meta["error"]
-    from primefs.cli import main
+    from primefs.cli.main import main
 
     out = CliRunner().invoke(main, ["-w", str(ws.root), "status", "--json"])
     nodes = {r["name"]: r["node"] for r in json.loads(out.output)}

@@ -11,7 +11,7 @@ import pytest
 from conftest import BackgroundRunner, wait_for
 from test_ray import by_name, on_ray
 
-from primefs.goals import write_goal
+from primefs.store.goals import write_goal
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 

@@ -5,9 +5,9 @@ import json
 
 from conftest import configure, run_once, use_server
 
-from primefs.accounting import UsageIndex
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.index.accounting import UsageIndex
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 
 def by_name(ws):
@@ -255,7 +255,7 @@ def test_stop_interrupts_a_running_session(ws, server):
 
     from conftest import BackgroundRunner
 
-    from primefs.control import request_stop
+    from primefs.store.control import request_stop
 
     server.set_script({"rules": [{"match": "^Sleep", "replies": [{"code": "import time\ntime.sleep(60)"},
                                                                   {"text": "should not get here"}]}]})

@@ -9,11 +9,11 @@ import time
 
 from conftest import configure, run_once, use_server, wait_for
 
-from primefs import mail
-from primefs.control import request_stop
-from primefs.goals import write_goal
-from primefs.runner import Runner
-from primefs.session import list_sessions
+from primefs.store import mail
+from primefs.store.control import request_stop
+from primefs.store.goals import write_goal
+from primefs.runner.core import Runner
+from primefs.store.session import list_sessions
 
 
 def by_name(ws):

@@ -5,10 +5,10 @@ import os
 
 from conftest import BackgroundRunner, run_once, use_server, wait_for
 
-from primefs import mail
-from primefs.goals import write_goal
-from primefs.history import iter_events
-from primefs.session import list_sessions
+from primefs.store import mail
+from primefs.store.goals import write_goal
+from primefs.store.history import iter_events
+from primefs.store.session import list_sessions
 
 
 def session_named(ws, name):

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from conftest import configure, run_once, wait_for
 
-from primefs import trust
+from primefs.store import trust
 from primefs.errors import PrimefsError
-from primefs.goals import write_goal
-from primefs.kernelhost import KernelSpec
-from primefs.localkernels import LocalKernelHost
-from primefs.session import list_sessions
-from primefs.settings import check_sandbox
+from primefs.store.goals import write_goal
+from primefs.kernels.host import KernelSpec
+from primefs.kernels.local import LocalKernelHost
+from primefs.store.session import list_sessions
+from primefs.store.settings import check_sandbox
 
 LIMITS = {"memory_mb": 1024, "cpu_s": 3, "processes": 40, "open_files": 64}
 
@@ -250,9 +250,9 @@ def test_the_sandbox_works_for_a_normal_user(as_nobody):
     out = as_nobody(f"""
         import os
         from pathlib import Path
-        from primefs.kernelhost import KernelSpec
-        from primefs.localkernels import LocalKernelHost
-        from primefs.settings import check_sandbox
+        from primefs.kernels.host import KernelSpec
+        from primefs.kernels.local import LocalKernelHost
+        from primefs.store.settings import check_sandbox
         ws = Path("ws").resolve()
         room = ws / "sessions" / "u" / "work"
         room.mkdir(parents=True)
@@ -280,7 +280,7 @@ def as_nobody():
     env = {"PATH": "/usr/bin:/bin", "HOME": str(folder),
            "PYTHONPATH": os.pathsep.join([sysconfig.get_paths()["purelib"], str(Path(__file__).parents[1])])}
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python]
-    probe = subprocess.run([*nobody, "-c", "import primefs.localkernels"], capture_output=True, text=True,
+    probe = subprocess.run([*nobody, "-c", "import primefs.kernels.local"], capture_output=True, text=True,
                            timeout=60, env=env, cwd=folder)
     if probe.returncode:  # e.g. a checkout under a 0700 folder (mktemp -d): nothing to test as nobody
         shutil.rmtree(folder, ignore_errors=True)
@@ -339,7 +339,7 @@ def test_an_unsandboxed_kernel_also_takes_everything_it_started(tmp_path):
 def test_where_no_sandbox_can_be_had_the_runner_says_so_once_and_goes_on(ws, monkeypatch):
     """The default sandbox on a machine without user namespaces: said once (runner log, each session's
     history), kernels run without it. One asked for explicitly is never skipped."""
-    from primefs import sandbox
+    from primefs.kernels import sandbox
 
     monkeypatch.setitem(sandbox._MACHINE, "why", "cannot create namespaces: Operation not permitted")
     (ws.root / "s.yaml").write_text("- code: \"import os\\nprint(os.getuid() == 0 or os.getpid() != 1)\"\n- text: ok\n")

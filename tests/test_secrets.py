@@ -5,9 +5,9 @@ import subprocess
 
 from conftest import configure, run_once
 
-from primefs import mail
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.store import mail
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 STANDARD = "sk-test-abcdefghijklmnopqrstuvwxyz0123"  # a litellm standard variable's value
 ALIAS = "alias-secret-98765"                          # in the file an alias's api_key_file names
@@ -48,7 +48,7 @@ def test_secrets_are_redacted_everywhere(ws, monkeypatch, tmp_path):
 
 
 def test_short_values_and_ordinary_text_are_left_alone():
-    from primefs.redact import Redactor
+    from primefs.store.redact import Redactor
 
     r = Redactor({"short", "a-long-enough-secret"})
     assert r.text("short words and a-long-enough-secret") == "short words and [redacted]"

@@ -10,9 +10,9 @@ import subprocess
 from conftest import sigkill_runner_when, wait_for
 from scaletools import cli, fan_out, recount
 
-from primefs import summary
-from primefs.index import session_ids
-from primefs.session import Session
+from primefs.store import summary
+from primefs.index.db import session_ids
+from primefs.store.session import Session
 
 
 def status(ws) -> dict:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import configure, run_once, use_server
 
-from primefs import trust
-from primefs.accounting import UsageIndex
-from primefs.goals import write_goal
-from primefs.session import list_sessions
-from primefs.tools import make_tool, render_for_prompt
+from primefs.store import trust
+from primefs.index.accounting import UsageIndex
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
+from primefs.tools.registry import make_tool, render_for_prompt
 
 HERE = Path(__file__).parent
 
@@ -172,7 +172,7 @@ rules:
       - code: |
           print(sorted(vars(tools)))
           print(rlm('Child plain').wait(), '/', rlm('Child spec', agent='looker').wait())
-          from primefs.rpc import call
+          from primefs.kernels.inside.rpc import call
       - text: parent done
   - match: "^Child plain"
     replies:

@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import configure, run_once, sigkill_runner_when, use_server
 
-from primefs import tracing
-from primefs.accounting import UsageIndex
-from primefs.cli import main
-from primefs.cli_trace import span_record
-from primefs.goals import write_goal
-from primefs.session import list_sessions
+from primefs.tracing import spans as tracing
+from primefs.index.accounting import UsageIndex
+from primefs.cli.main import main
+from primefs.cli.trace import span_record
+from primefs.store.goals import write_goal
+from primefs.store.session import list_sessions
 
 pytest.importorskip("opentelemetry.sdk")
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
@@ -63,7 +63,7 @@ def memory():
 
 def replayed(ws, name: str = "root") -> list:
     """The spans `primefs trace NAME` makes, caught in memory."""
-    from primefs.tracereplay import replay
+    from primefs.tracing.replay import replay
 
     exporter = InMemorySpanExporter()
     provider = tracing.make_provider(span_exporter=exporter)
@@ -215,7 +215,7 @@ def test_tracing_is_off_without_otel_variables(ws, monkeypatch):
     # a whole run with tracing off never imports opentelemetry
     (ws.root / "script.yaml").write_text("- code: print(6 * 7)\n- text: '42'\n")
     write_goal(configure(ws, model="scripted/script.yaml"), "six times seven", name="m")
-    code = ("import sys; from primefs.workspace import Workspace; from primefs.runner import Runner; "
+    code = ("import sys; from primefs.store.workspace import Workspace; from primefs.runner.core import Runner; "
             f"Runner(Workspace({str(ws.root)!r}), log=lambda m: None).run(once=True); "
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import configure, run_once
 
-from primefs.accounting import UsageIndex
-from primefs.cli import main
-from primefs.goals import write_goal
-from primefs.harness import Harness
-from primefs.mail import new_files, parse
-from primefs.session import create_session, list_sessions
+from primefs.index.accounting import UsageIndex
+from primefs.cli.main import main
+from primefs.store.goals import write_goal
+from primefs.harness.entries import Harness
+from primefs.store.mail import new_files, parse
+from primefs.store.session import create_session, list_sessions
 
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402

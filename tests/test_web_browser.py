@@ -16,9 +16,9 @@ import pytest
 from browser import chromium, served
 from conftest import BackgroundRunner, configure, run_once, wait_for
 
-from primefs.goals import write_goal
-from primefs.harness import Harness
-from primefs.session import create_session, list_sessions
+from primefs.store.goals import write_goal
+from primefs.harness.entries import Harness
+from primefs.store.session import create_session, list_sessions
 
 pytestmark = pytest.mark.netns
 

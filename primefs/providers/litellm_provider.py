@@ -57,7 +57,7 @@ class LiteLLMProvider:
             kwargs["api_key"] = key
         if settings.get("api_key_file"):
             from primefs.errors import PrimefsError
-            from primefs.models import key_from_file
+            from primefs.providers.models import key_from_file
 
             try:
                 kwargs["api_key"] = key_from_file(settings["api_key_file"])

@@ -21,12 +21,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, StreamingRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from primefs.control import request_stop
 from primefs.errors import PrimefsError
-from primefs.harness import revert
-from primefs.index import descendants
-from primefs.history import HistoryReader
-from primefs.mail import deliver
+from primefs.harness.entries import revert
+from primefs.index.db import descendants
+from primefs.store.control import request_stop
+from primefs.store.history import HistoryReader
+from primefs.store.mail import deliver
 from primefs.web import listing, pages
 from primefs.web.index import WorkspaceIndex
 from primefs.web.render import Renderer

@@ -11,7 +11,7 @@ import math
 import statistics
 from pathlib import Path
 
-from primefs.frontmatter import load_yaml
+from primefs.store.frontmatter import load_yaml
 
 MAX_ROWS = 20000  # lines read from one results.jsonl
 MAX_DEPTH = 3  # how deep under an eval folder runs are looked for

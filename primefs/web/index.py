@@ -15,10 +15,10 @@ import time
 from array import array
 from collections import defaultdict
 
-from primefs import summary as summaries
-from primefs.accounting import add
-from primefs.control import runner_state
-from primefs.session import Session
+from primefs.index.accounting import add
+from primefs.store import summary as summaries
+from primefs.store.control import runner_state
+from primefs.store.session import Session, subtree
 
 SERIES_POINTS = 400  # a chart line never needs more points than this
 
@@ -182,15 +182,7 @@ class WorkspaceIndex:
 
     def descendants(self, sid: str) -> list[str]:
         """`sid`, then its descendants depth first, children in creation order (hand-made cycles cut)."""
-        out, stack, seen = [], [sid], set()
-        while stack:
-            cur = stack.pop()
-            if cur in seen:
-                continue
-            seen.add(cur)
-            out.append(cur)
-            stack.extend(sorted(self.children.get(cur, []), reverse=True))
-        return out
+        return subtree(self.children, sid)
 
     def depth(self, sid: str) -> int:
         d, cur, seen = 0, parent_of(self.meta.get(sid, {})), {sid}

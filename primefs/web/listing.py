@@ -16,9 +16,9 @@ from datetime import datetime
 from fnmatch import fnmatchcase
 from urllib.parse import urlencode
 
-from primefs.when import parse_when
 from primefs.errors import PrimefsError
-from primefs.settings import STATUSES
+from primefs.store.settings import STATUSES
+from primefs.views.when import parse_when
 
 PER_PAGE = 200
 FILTERS = ("status", "name", "model", "since", "until")

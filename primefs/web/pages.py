@@ -5,13 +5,13 @@ import re
 import subprocess
 from collections import Counter
 
-from primefs.fsutil import NAME_RE
-from primefs.gitops import git_env
-from primefs.harness import Harness
-from primefs.harnessgit import HarnessGit
-from primefs.mail import new_files
-from primefs.session import Session
-from primefs.settings import STATUSES
+from primefs.harness.commits import HarnessGit
+from primefs.harness.entries import Harness
+from primefs.store.fsutil import NAME_RE
+from primefs.store.gitops import git_env
+from primefs.store.mail import new_files
+from primefs.store.session import Session
+from primefs.store.settings import STATUSES
 from primefs.web import charts, evals, listing
 from primefs.web.timeline import line_end, tail_events
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
-from primefs.when import human_age
-from primefs.logview import code_of, fields, restored_text
+from primefs.views.events import code_of, fields, restored_text
+from primefs.views.when import human_age
 
 TEMPLATES = Path(__file__).parent / "templates"
 

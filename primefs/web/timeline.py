@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from primefs.fsutil import open_regular
-from primefs.history import parse_event
-from primefs.history import line_start
+from primefs.store.fsutil import open_regular
+from primefs.store.history import line_start, parse_event
 
 BLOCK = 65536
 

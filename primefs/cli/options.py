@@ -1,0 +1,70 @@
+"""What CLI modules share: the `-w/--workspace` option and finding the workspace from it; `--ray`."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from primefs.errors import PrimefsError
+from primefs.store.workspace import find_workspace
+from primefs.views.console import out
+
+RAY_FROM_CONFIG = "<hosts>"  # `--ray` without an address
+
+
+def _set_workspace(ctx, _param, value):
+    if value:
+        ctx.ensure_object(dict)["workspace"] = value
+    return value
+
+
+# `-w` works before or after the subcommand: `primefs -w DIR status` and `primefs status -w DIR`.
+ws_option = click.option("-w", "--workspace", metavar="DIR", expose_value=False, callback=_set_workspace,
+                         is_eager=True, help="Workspace folder (see `primefs --help`).")
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON (for scripts).")
+
+
+def emit(as_json: bool, data, text: str) -> None:
+    """A command's outcome: `data` as JSON with --json, else `text` (skipped when empty)."""
+    if as_json:
+        click.echo(json.dumps(data, indent=1, default=str))
+    elif text:
+        click.echo(text)
+
+
+def print_table(renderable, width: int | None = None) -> None:
+    """Print a table (or text) to stdout: fitted to a terminal; piped, `width` columns (default: the
+    console's) with no padding left at the ends of lines."""
+
+    console = out()
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    if width:
+        console.width = width
+    with console.capture() as cap:
+        console.print(renderable, soft_wrap=True)
+    click.echo("\n".join(line.rstrip() for line in cap.get().splitlines()))
+
+
+def workspace(ctx: click.Context):
+    return find_workspace((ctx.obj or {}).get("workspace"))
+
+
+# `run --ray ADDRESS` and `up --ray ADDRESS`: kernels on a Ray cluster (docs/scale-out.md)
+ray_option = click.option(
+    "--ray", "ray", metavar="ADDRESS", is_flag=False, flag_value=RAY_FROM_CONFIG, default=None,
+    help="Run the kernels on the nodes of a Ray cluster at ADDRESS (HOST:PORT; 'auto': the one `ray start` made "
+         "here; 'local': start one here; none: `hosts:` in primefs.yaml, else auto). Every node needs the "
+         "workspace mounted at the same path (docs/scale-out.md).")
+
+
+def ray_address(ws, value: str | None) -> str | None:
+    """The cluster address `--ray` asks for (None: no --ray)."""
+    if value == RAY_FROM_CONFIG:
+        return (ws.ray_host() or {}).get("address") or "auto"
+    if value is not None and not value.strip():
+        raise PrimefsError("--ray needs the address of a Ray cluster (HOST:PORT, auto or local)")
+    return value

@@ -1,0 +1,439 @@
+"""The index: `.primefs/index.sqlite`, a cache of what the session files say, for questions across
+sessions (every session's status and usage, a tree, a name; events by text, model, date: eventindex.py).
+
+Never the truth: it can be deleted at any time (`primefs reindex` rebuilds it, and any command
+rebuilds what it needs), and a damaged file is replaced by a new one. Each row keeps the stat of the
+files it came from (history.jsonl, session.yaml, result.md): bringing a row up to date costs three
+`stat` calls when nothing changed; a changed session is read from its summary (summary.py), which
+itself reads only what was appended to its history since. Rows of archived sessions (archive.py)
+stay, pointing at their archive file. Several processes may use it at once (WAL; writes wait for
+each other); a write that cannot get the lock in time is skipped: the answer is still right, only the
+next one does the work again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import threading
+from pathlib import Path
+
+from primefs.errors import PrimefsError
+from primefs.store import summary as summaries
+from primefs.store.fsutil import read_regular
+from primefs.store.session import Session
+from primefs.store.summary import META, stat_key
+
+VERSION = 6  # PRAGMA user_version: another version is dropped and rebuilt
+FILE = "index.sqlite"
+SCHEMA = """
+CREATE TABLE sessions (
+  key INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL,
+  name TEXT, parent TEXT, depth INTEGER, status TEXT, stop_reason TEXT, error TEXT, model TEXT, goal TEXT,
+  created TEXT, updated TEXT, node TEXT,
+  turns INTEGER, events INTEGER, usage TEXT, last TEXT, last_ts REAL, broken TEXT, result TEXT,
+  keys TEXT,                              -- stat of history.jsonl, session.yaml, result.md the row came from
+  place TEXT NOT NULL DEFAULT '',         -- '' for sessions/<id>/, else the archive file holding it
+  indexed INTEGER NOT NULL DEFAULT 0,     -- bytes of history.jsonl whose events are in `events`
+  indexed_check TEXT NOT NULL DEFAULT '', -- the bytes before that offset (history.still_there)
+  marks TEXT                              -- mtimes of its folder, mail/new, mail/cur when last seen settled
+);
+CREATE INDEX sessions_parent ON sessions(parent);
+CREATE INDEX sessions_name ON sessions(name);
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: text entries of dropped events match nothing
+  session INTEGER NOT NULL, n INTEGER, ts REAL, type TEXT, model TEXT,
+  pos INTEGER NOT NULL, len INTEGER NOT NULL   -- where its line is in the history: files stay the truth
+);
+CREATE INDEX events_session ON events(session, pos);
+CREATE INDEX events_ts ON events(ts);
+CREATE INDEX events_type ON events(type, model, session);  -- covers -t/-m filters and --counts
+CREATE VIRTUAL TABLE events_text USING fts5(text, content='');
+CREATE TABLE archives (
+  place TEXT PRIMARY KEY,                 -- archive/<root>.zip
+  stat TEXT,                              -- the stat of the file when its manifest was read
+  sessions TEXT NOT NULL                  -- the session ids its manifest names (archived.sync_archives)
+);
+"""
+COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
+LIGHT = ("id", "parent", "status", "goal", "broken", "place")  # what the runner's start needs
+BUSY_S = 10.0
+ARCHIVING = "archiving"  # .primefs/archiving/<root>/<id>: a folder on its way into a zip (archive.py)
+
+
+def broken_database(exc: Exception) -> bool:
+    """A file that is not our database (garbage, cut, another schema): rebuilt. A lock is not damage."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        return "no such" in text or "malformed" in text or "not a database" in text
+    return isinstance(exc, sqlite3.DatabaseError)
+
+
+CYCLE = "its parent is itself or its own descendant: a cycle of parents (session.yaml edited by hand?)"
+
+
+def read_result(folder: Path) -> str | None:
+    try:
+        return read_regular(folder / "result.md")
+    except OSError:
+        return None
+
+
+def session_ids(sessions_dir: Path) -> list[str]:
+    """Folder names under sessions/ that may be sessions (a folder without session.yaml is skipped later)."""
+    try:
+        with os.scandir(sessions_dir) as it:
+            return sorted(e.name for e in it if not e.name.startswith(".") and e.is_dir())
+    except FileNotFoundError:
+        return []
+
+
+def moving(root: Path) -> set[str]:
+    """Ids of the session folders on their way into an archive (.primefs/archiving/<root>/<id>)."""
+    out: set[str] = set()
+    try:
+        with os.scandir(Path(root) / ".primefs" / ARCHIVING) as stages:
+            for stage in stages:
+                if stage.is_dir() and not stage.name.startswith("."):  # .done-<root>: already in its zip
+                    out.update(session_ids(Path(stage.path)))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return out
+
+
+def row_of(s: dict, result: str | None, keys: list, place: str = "") -> dict:
+    meta = s["meta"]
+    last = s["last"] or {}
+    return {"id": s["id"], **{k: meta.get(k) for k in META}, "turns": s["turns"], "events": s["events"],
+            "usage": summaries.usage(s), "last": s["last"], "last_ts": last.get("ts"), "broken": s["broken"],
+            "result": result, "keys": json.dumps(keys), "place": place, "marks": None}
+
+
+class Entry:
+    """A session as the index has it: `id`, `meta` (the session.yaml fields status shows), `row`
+    (turns, result, usage, last event)."""
+
+    __slots__ = ("id", "meta", "row")
+
+    def __init__(self, row: dict):
+        self.id, self.row = row["id"], row
+        self.meta = {"id": row["id"], **{k: row[k] for k in META}}
+
+
+class Index:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.sessions_dir = self.root / "sessions"
+        self.path = self.root / ".primefs" / FILE
+        self.lock = threading.RLock()  # one connection, shared by the runner's threads
+        self.db = self._open()
+
+    # -- the database ---------------------------------------------------------------------------------
+    def _open(self) -> sqlite3.Connection:
+        for attempt in (0, 1):
+            try:
+                self.path.parent.mkdir(exist_ok=True)
+                db = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None, check_same_thread=False)
+                try:
+                    self._prepare(db)
+                except BaseException:
+                    db.close()
+                    raise
+                return db
+            except sqlite3.DatabaseError as exc:
+                if attempt or not (broken_database(exc) or self.path.is_dir()):
+                    break
+                self.remove_files()
+            except OSError:  # a read-only workspace: a cache in memory, filled again by each command
+                break
+        db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._prepare(db)
+        return db
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("BEGIN IMMEDIATE")  # another process may be creating it too: one does, the other sees it
+            try:
+                if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
+                    for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT "
+                                              "LIKE 'sqlite_%' AND name NOT LIKE 'events_text_%'").fetchall():
+                        db.execute(f'DROP TABLE IF EXISTS "{name}"')
+                    for statement in SCHEMA.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
+                    db.execute(f"PRAGMA user_version={VERSION}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        db.execute("SELECT 1 FROM sessions, events, events_text, archives LIMIT 0")  # damaged tables fail here
+        db.execute("PRAGMA synchronous=NORMAL")
+
+    def remove_files(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            path = f"{self.path}{suffix}"
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:  # a folder in a cache file's place: nothing of anyone's
+                shutil.rmtree(path, ignore_errors=True)
+
+    def rebuild(self) -> None:
+        """Start from an empty database (`primefs reindex`)."""
+        with self.lock:
+            self.db.close()
+            self.remove_files()
+            self.db = self._open()
+
+    def run(self, fn, *args):
+        """fn(db, *args) with the lock held; a damaged database is rebuilt once and fn run again."""
+        with self.lock:
+            try:
+                return fn(self.db, *args)
+            except sqlite3.DatabaseError as exc:
+                if not broken_database(exc):
+                    raise
+            self.rebuild()
+            return fn(self.db, *args)
+
+    def write(self, fn, *args) -> bool:
+        """A write transaction; False (nothing written) if the database stays locked by another process."""
+        def tx(db, *a):
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) or "busy" in str(exc):
+                    return False
+                raise
+            try:
+                fn(db, *a)
+                db.execute("COMMIT")
+                return True
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return self.run(tx, *args)
+
+    # -- sessions -------------------------------------------------------------------------------------
+    def sync(self, ids: list[str] | None = None, *, meta_only: bool = False, light: bool = False) -> dict[str, dict]:
+        """Bring the rows of these session folders (default: every folder under sessions/) up to date
+        with their files; rows of folders that are gone are dropped. Returns id -> row of the folders
+        looked at (those without a session.yaml left out). `meta_only`: only what session.yaml says
+        must be current (parent, goal, status: the runner's start), one stat per session; rows with
+        only those fields and `marks`. `light`: all brought up to date, rows of unchanged sessions light."""
+        present = session_ids(self.sessions_dir) if ids is None else ids
+        query = "SELECT id, keys, place FROM sessions"
+        args: tuple = ()
+        if ids is not None:
+            query, args = query + " WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)
+        known = self.run(lambda db: {r[0]: (r[1], r[2]) for r in db.execute(query, args)})
+        changed, out = [], {}
+        for sid in present:
+            row = known.get(sid)
+            base = f"{self.sessions_dir}/{sid}/"  # plain strings: pathlib costs more than the stat here
+            if row is not None and row[1] != "":
+                if ids is not None and not os.path.isdir(base):  # archived: its files do not change
+                    out[sid] = None
+                    continue
+                row = None  # back in sessions/ (unzipped): the folder is what counts
+            if meta_only:
+                keys = [None, stat_key(base + "session.yaml"), None]
+                current = row is not None and keys[1] is not None and json.loads(row[0])[1] == keys[1]
+            else:
+                keys = [stat_key(base + "history.jsonl"), stat_key(base + "session.yaml"), stat_key(base + "result.md")]
+                current = row is not None and row[0] == json.dumps(keys)
+            if keys[1] is None:  # not (yet) a session: session.yaml is written last
+                continue
+            if current:
+                out[sid] = None  # filled below from the database
+                continue
+            keys[2] = stat_key(base + "result.md")
+            folder = self.sessions_dir / sid
+            s = summaries.fresh(folder)
+            keys = [s["history"], s["meta_key"], keys[2]]  # what the summary counted, exactly
+            out[sid] = row_of(s, read_result(folder), keys)
+            changed.append(out[sid])
+        gone = [] if ids is not None else [sid for sid, (_, place) in known.items() if place == "" and sid not in out]
+        if gone:  # a folder being archived is still a session: its row waits for its zip (archive.py step 5)
+            staged = moving(self.root)
+            gone = [sid for sid in gone if sid not in staged]
+        if changed or gone:
+            self.write(self.store, changed, gone)
+            self._mark_cycles(changed, out)
+        missing = [sid for sid, row in out.items() if row is None]
+        if missing:
+            stored = self.rows(None if ids is None else missing, light=meta_only or light)
+            out.update((sid, stored[sid]) for sid in missing if sid in stored)
+        return out
+
+    def _mark_cycles(self, changed: list[dict], out: dict) -> None:
+        """Sessions in a cycle of parents are broken (shown with CYCLE, never run): a tree must end at a
+        root, or a result would go round it for ever. Only a row with a parent can be in one, and only a
+        marked one can heal, so only those are walked up (a few rows each, not the whole table)."""
+        def look(db) -> list[tuple]:
+            def stored(sid):  # (parent, broken) of a session in sessions/, or None
+                return db.execute("SELECT parent, broken FROM sessions WHERE id = ? AND place = ''", (sid,)).fetchone()
+
+            suspects = {r["id"] for r in changed if r.get("parent")}
+            suspects.update(sid for (sid,) in db.execute("SELECT id FROM sessions WHERE broken = ?", (CYCLE,)))
+            flips = []
+            for sid in suspects:
+                row = stored(sid)
+                if row is None or row[1] not in (None, CYCLE):  # a broken session.yaml: its parent is unknown
+                    continue
+                seen, up = {sid}, row[0]
+                while up is not None and up not in seen:
+                    seen.add(up)
+                    above = stored(up)
+                    up = above[0] if above is not None and above[1] in (None, CYCLE) else None
+                now = CYCLE if up == sid else None  # back at itself (not merely into a cycle above it)
+                if now != row[1]:
+                    flips.append((now, sid))
+            return flips
+
+        flips = self.run(look)
+        if flips:
+            self.write(lambda db: db.executemany("UPDATE sessions SET broken = ? WHERE id = ?", flips))
+            for broken, sid in flips:
+                if out.get(sid) is not None:
+                    out[sid]["broken"] = broken
+
+    @staticmethod
+    def store(db, rows: list[dict], gone: list[str]) -> None:
+        for sid in gone:
+            key = db.execute("SELECT key FROM sessions WHERE id = ?", (sid,)).fetchone()
+            if key:
+                db.execute("DELETE FROM events WHERE session = ?", key)
+                db.execute("DELETE FROM sessions WHERE key = ?", key)
+        names = ", ".join(COLUMNS)
+        updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c != "id")
+        db.executemany(f"INSERT INTO sessions ({names}) VALUES ({', '.join('?' * len(COLUMNS))}) "
+                       f"ON CONFLICT(id) DO UPDATE SET {updates}",
+                       [tuple(json.dumps(r[c]) if c in ("usage", "last") else r[c] for c in COLUMNS) for r in rows])
+
+    def rows(self, ids: list[str] | None = None, light: bool = False) -> dict[str, dict]:
+        """Rows as stored (no files looked at): these ids, or all. `light`: only LIGHT and marks."""
+        columns = (*(LIGHT if light else COLUMNS), "marks")
+        sql = f"SELECT {', '.join(columns)} FROM sessions"
+        args: tuple = ()
+        if ids is not None:
+            sql, args = sql + " WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)
+        out = {}
+        for r in self.run(lambda db: db.execute(sql, args).fetchall()):
+            row = dict(zip(columns, r))
+            for k in ("usage", "last", "marks"):
+                if row.get(k) is not None:
+                    row[k] = json.loads(row[k])
+            out[row["id"]] = row
+        return out
+
+    def set_marks(self, marks: dict[str, list]) -> None:
+        """Remember when sessions were seen settled (alive.py): the next start need not list their mail."""
+        if marks:
+            self.write(lambda db: db.executemany("UPDATE sessions SET marks = ? WHERE id = ?",
+                                                 [(json.dumps(m), sid) for sid, m in marks.items()]))
+
+    def sync_new(self) -> None:
+        """Rows of folders the index does not know, and of broken session.yaml files (mended?): one listing."""
+        present = session_ids(self.sessions_dir)
+        known = dict(self.run(lambda db: db.execute("SELECT id, broken IS NOT NULL FROM sessions").fetchall()))
+        todo = [sid for sid in present if known.get(sid, True)]
+        if todo:
+            self.sync(todo)
+
+    def refresh(self) -> None:
+        """Rows of new folders and of sessions whose session.yaml changed (a name or parent edited by hand,
+        a broken file mended) brought up to date: one stat per session (0.05 s at 10,000 sessions)."""
+        present = session_ids(self.sessions_dir)
+        known = dict(self.run(lambda db: db.execute(  # session.yaml's stat as stored, in json.dumps's spelling
+            "SELECT id, json_extract(keys, '$[1]') FROM sessions WHERE place = ''").fetchall()))
+        changed = []
+        for sid in present:
+            key = stat_key(f"{self.sessions_dir}/{sid}/session.yaml")
+            if key is not None and known.get(sid) != f"[{key[0]},{key[1]},{key[2]}]":
+                changed.append(sid)
+        if changed:
+            self.sync(changed)
+
+    def find(self, name: str, archived: bool = False) -> str | None:
+        """The newest readable session with this name in sessions/ (or also archived ones). A hit is checked
+        against its session.yaml (renamed by hand since: asked again); a miss asked again after refresh()."""
+        self.sync_new()
+        where = "" if archived else " AND place = ''"
+
+        def ask():
+            return self.run(lambda db: db.execute(f"SELECT id, keys, place FROM sessions WHERE name = ? AND broken "
+                                                  f"IS NULL{where} ORDER BY id DESC LIMIT 1", (name,)).fetchone())
+        for _ in range(3):
+            row = ask()
+            if row is None:
+                break
+            sid, keys, place = row
+            key = None if place else stat_key(f"{self.sessions_dir}/{sid}/session.yaml")
+            if place or json.loads(keys)[1] == key:
+                return sid  # as its file says (an archived one no longer changes)
+            gone = key is None and sid not in moving(self.root)  # else edited since it was read: brought up to date
+            self.write(self.store, [], [sid]) if gone else self.sync([sid])
+        self.refresh()
+        row = ask()
+        return row[0] if row else None
+
+    def names(self) -> dict[str, str]:
+        """id -> name of every readable session (new folders and changed session.yaml files looked at first)."""
+        self.refresh()
+        return dict(self.run(lambda db: db.execute("SELECT id, name FROM sessions WHERE broken IS NULL").fetchall()))
+
+    def subtree(self, sid: str) -> list[str]:
+        """`sid` and its descendants as the index knows them (parents first; refresh() first if it must be now)."""
+        out, frontier = [sid], [sid]
+        while frontier:
+            kids = self.run(lambda db: [r[0] for r in db.execute(
+                "SELECT id FROM sessions WHERE parent IN (SELECT value FROM json_each(?)) AND broken IS NULL "
+                "ORDER BY id", (json.dumps(frontier),))])
+            kids = [k for k in kids if k not in out]  # a hand-made cycle is cut
+            out += kids
+            frontier = kids
+        return out
+
+    def tree(self, sid: str) -> dict[str, dict]:
+        """Current rows of `sid` and all its descendants: new folders, mended session.yaml files and the
+        tree's own files looked at (not the session.yaml of every session: `usage` stays fast)."""
+        self.sync_new()
+        return self.sync(self.subtree(sid))
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+    def __enter__(self) -> "Index":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def descendants(ws, sid: str) -> list[str]:
+    """From the index (new session folders looked at first): no session.yaml of the workspace parsed."""
+    with Index(ws.root) as index:
+        index.refresh()  # a parent edited by hand, a broken session.yaml mended: what the files say
+        return [d for d in index.subtree(sid)[1:] if (ws.sessions / d).is_dir()]
+
+
+def session_names(sessions_dir: Path) -> dict[str, str]:
+    """id -> name of every readable session (a broken session.yaml is left out, not fatal), from the index."""
+    with Index(Path(sessions_dir).parent) as index:
+        return index.names()
+
+
+def find_session(sessions_dir: Path, key: str) -> Session:
+    """By id, else by name (the newest session of that name), through the index."""
+    if key and "/" not in key and ".." not in key and (sessions_dir / key / "session.yaml").is_file():
+        return Session(sessions_dir / key)
+    with Index(Path(sessions_dir).parent) as index:
+        sid = index.find(key)
+    if sid is None or not (sessions_dir / sid / "session.yaml").is_file():
+        raise PrimefsError(f"no session with id or name {key!r} (see `primefs status`)")
+    return Session(sessions_dir / sid)

@@ -1,0 +1,180 @@
+"""Events in the index (index.py): for every history line, where it is (session, byte offset, length),
+its time, type and model, and its text for full-text search (SQLite FTS5). `primefs logs` asks here.
+
+The index holds no event itself: a matching event is read back from its history (or its archive), so
+what is shown is always the file. Each session's row says how far into its history the events are
+indexed (and the bytes before that offset): only lines appended since are read; a history rewritten
+before that offset has its events indexed again. Text is indexed per field, each cut to FIELD_CHARS.
+"""
+from __future__ import annotations
+
+import json
+
+from primefs.index.db import Index
+from primefs.store.fsutil import open_regular
+from primefs.store.history import check_at, iter_lines, parse_event, still_there
+
+TEXT_FIELDS = ("text", "task", "code", "output", "error", "answer", "report", "summary", "instructions", "detail")
+FIELD_CHARS = 2000  # of each field: a cell's whole output is in the file, its start is enough to find it
+BATCH = 50_000  # events written per transaction: other writers get their turn between batches
+
+
+def event_text(e: dict) -> str:
+    parts = [e[f][:FIELD_CHARS] for f in TEXT_FIELDS if isinstance(e.get(f), str)]
+    return "\n".join(p for p in parts if p)
+
+
+class EventIndexer:
+    """Adds the new lines of histories to the events table, in batches. A session's events are stored
+    only if its row still says what was read before (offset and check): another writer that indexed
+    the same lines meanwhile (two commands at once) made its row move on, and this one skips them."""
+
+    def __init__(self, index: Index):
+        self.index = index
+        self.queued: list[tuple] = []  # (key, (indexed, check) as read, (indexed, check) new, reset, events, texts)
+        self.count = 0
+        self.added = 0
+
+    def session(self, key: int, model: str | None, f, size: int, indexed: int, check: str) -> None:
+        """Queue the events of one open history `f` from `indexed` (its row's offset, with `check` its
+        row's indexed_check) to `size`."""
+        was = (indexed, check)
+        reset = not still_there(f, indexed, check, size)
+        if reset:
+            indexed = 0
+        offset = indexed
+        events, texts = [], []
+        for end, line in iter_lines(f, indexed, size):
+            start, offset = offset, end
+            e = parse_event(line)
+            if e is None:
+                continue
+            n, ts = e.get("n"), e.get("ts")
+            events.append((key, n if isinstance(n, int) else None, ts if isinstance(ts, (int, float)) else None,
+                           str(e.get("type")), str(e.get("model") or model or ""), start, end - start))
+            texts.append(event_text(e))
+        self.queued.append((key, was, (offset, check_at(f, offset)), reset, events, texts))
+        self.count += len(events)
+        if self.count >= BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.queued:
+            return
+        queued, self.queued, self.count = self.queued, [], 0
+        added = 0
+
+        def store(db):
+            nonlocal added
+            added = 0
+            for key, (old, old_check), (new, new_check), reset, events, texts in queued:
+                if db.execute("UPDATE sessions SET indexed = ?, indexed_check = ? WHERE key = ? AND indexed = ? "
+                              "AND indexed_check = ?", (new, new_check, key, old, old_check)).rowcount != 1:
+                    continue  # another writer indexed these lines meanwhile (or the row is gone)
+                if reset:  # its text entries stay behind, matched to no event (ids are never reused)
+                    db.execute("DELETE FROM events WHERE session = ?", (key,))
+                for event, text in zip(events, texts):
+                    cur = db.execute("INSERT INTO events (session, n, ts, type, model, pos, len) VALUES (?,?,?,?,?,?,?)",
+                                     event)
+                    if text:
+                        db.execute("INSERT INTO events_text (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
+                added += len(events)
+
+        if not self.index.write(store):
+            return  # locked by another writer all along: these are read again next time
+        self.added += added
+
+
+def sync_events(index: Index, ids: list[str] | None = None) -> int:
+    """Index the events appended to these sessions' histories (default: every session in sessions/)
+    since they were last indexed. Rows are brought up to date first. Returns events added."""
+    rows = index.sync(ids, light=True)
+    return index_histories(index, {sid: index.sessions_dir / sid for sid in rows}, None if ids is None else list(rows))
+
+
+def index_histories(index: Index, folders: dict, ids: list[str] | None) -> int:
+    """Index what was appended to the histories of these sessions (id -> its folder, wherever it is now)
+    since their rows were last indexed; `ids`: the sessions to look at (None: every row in sessions/)."""
+    todo = index.run(lambda db: db.execute(  # those whose history's size (keys[0][2]) is not what was indexed
+        "SELECT key, id, model, indexed, indexed_check, keys FROM sessions WHERE place = '' "
+        "AND indexed IS NOT json_extract(keys, '$[0][2]')" +
+        ("" if ids is None else " AND id IN (SELECT value FROM json_each(?))"),
+        () if ids is None else (json.dumps(ids),)).fetchall())
+    indexer = EventIndexer(index)
+    for key, sid, model, indexed, check, keys in todo:
+        history = json.loads(keys)[0]  # the history as the row's summary counted it (just brought up to date)
+        if sid not in folders or history is None or history[2] == indexed:
+            continue  # all indexed (a file rewritten to the same size also changes the summary: reset below)
+        try:
+            with open_regular(folders[sid] / "history.jsonl") as f:
+                indexer.session(key, model, f, f.seek(0, 2), indexed, check)
+        except OSError:
+            continue
+    indexer.flush()
+    return indexer.added
+
+
+def query(index: Index, *, sessions: list[str] | None = None, name: str | None = None,
+          statuses: list[str] | None = None, model: str | None = None, since: float | None = None,
+          until: float | None = None, types: list[str] | None = None, text: str | None = None) -> tuple[str, list]:
+    """The FROM/WHERE part of a query over events and their sessions, and its arguments."""
+    where, args = [], []
+    if sessions is not None:
+        where.append("s.id IN (SELECT value FROM json_each(?))")
+        args.append(json.dumps(sessions))
+    if name:
+        where.append("s.name GLOB ?")  # a pattern: root.*, *report*
+        args.append(name)
+    if statuses:
+        where.append("s.status IN (SELECT value FROM json_each(?))")
+        args.append(json.dumps(statuses))
+    if model:
+        where.append("(e.model = ? OR e.model GLOB ?)")
+        args += [model, model]
+    if since is not None:
+        where.append("e.ts >= ?")
+        args.append(since)
+    if until is not None:
+        where.append("e.ts < ?")
+        args.append(until)
+    if types:
+        where.append("e.type IN (SELECT value FROM json_each(?))")
+        args.append(json.dumps(types))
+    if text:
+        where.append("e.id IN (SELECT rowid FROM events_text WHERE events_text MATCH ?)")
+        args.append(text)
+    # the sessions table is joined only when a filter needs it (counting a million events is then a scan of one table)
+    join = " JOIN sessions s ON s.key = e.session" if any("s." in w for w in where) else ""
+    sql = "FROM events e" + join + (" WHERE " + " AND ".join(where) if where else "")
+    return sql, args
+
+
+def search(index: Index, limit: int | None, counts: bool = False, **filters) -> tuple[list[dict], dict]:
+    """The newest `limit` matching events (oldest first, as a log reads; none if `counts`), and the
+    number of matches: {"events", "sessions"}, with `counts` also "by_type" and "model_calls" (per model)."""
+    sql, args = query(index, **filters)
+
+    def run(db):
+        hits = [] if counts else db.execute(
+            f"SELECT h.id, s.id, s.name, s.place, h.pos, h.len FROM (SELECT e.id, e.session, e.ts, e.pos, e.len {sql} "
+            "ORDER BY e.ts DESC, e.id DESC" + (" LIMIT ?" if limit else "") + ") h JOIN sessions s ON s.key = h.session "
+            "ORDER BY h.ts DESC, h.id DESC", (*args, *([limit] if limit else []))).fetchall()
+        if not counts:
+            return hits, {"events": db.execute(f"SELECT count(*) {sql}", args).fetchone()[0]}
+        found: dict = {"events": 0, "sessions": 0, "by_type": {}, "model_calls": {}}
+        per = db.execute(f"SELECT e.session, e.type, e.model, count(*) {sql} GROUP BY 1, 2, 3", args).fetchall()
+        sessions = set()
+        for session, type_, model, n in per:  # one pass over the matches, summed here
+            sessions.add(session)
+            found["events"] += n
+            found["by_type"][type_] = found["by_type"].get(type_, 0) + n
+            if type_ == "model_call":
+                found["model_calls"][model] = found["model_calls"].get(model, 0) + n
+        found["sessions"] = len(sessions)
+        for key in ("by_type", "model_calls"):
+            found[key] = dict(sorted(found[key].items(), key=lambda kv: -kv[1]))
+        return hits, found
+
+    rows, counts = index.run(run)
+    hits = [{"rowid": r[0], "session": r[1], "name": r[2], "place": r[3], "pos": r[4], "len": r[5]} for r in rows]
+    return list(reversed(hits)), counts

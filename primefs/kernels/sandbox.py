@@ -1,0 +1,611 @@
+"""The kernel sandbox: one room per session, a process boundary, limits that count the kernel's tree.
+
+Entered by a freshly forked, single-threaded process (a kernel from the template, or an end-condition
+command) before it runs anything of the model's. `enter(box)` returns in the sandboxed process only:
+
+    C (forked by the template; runs only this module)  --fork-->  K (the kernel: pid 1 of its own pid namespace)
+
+- **pid namespace**: K sees and signals only its own processes; when K ends, the kernel kills every process
+  left in it (a `setsid` child too). C waits for K and exits with its status.
+- **mounts**: a mount namespace where everything is read-only except the session's room (its `work/` and
+  `kernel/` folders, and what a person's `sandbox: {write: [...]}` grants), a private `/tmp` and `/dev/shm`
+  (memory-backed). `/tmp`, `/var/tmp`, `/run` (without network), the runner's home and runtime folder are
+  hidden behind empty mounts: the runtime folder's sockets and requests are not reachable, nor host unix
+  sockets in the usual places. What the kernel must still read there (the workspace, Python and its
+  packages) is bound back in, read-only. `/proc` is the kernel's own, read-only.
+- **identity**: a user namespace of its own, locking the mounts (read-only stays read-only), with an
+  unprivileged uid: as root, kernels run as uid 65534 (nobody), never uid 0; as a normal user, as that
+  user. No capabilities, no_new_privs (setuid programs gain nothing), non-dumpable.
+- **network**: a network namespace of its own with no interface up (unless `network: true`): no
+  connection anywhere, and no abstract unix socket of the host.
+- **limits**: a cgroup per kernel where one is writable (memory and processes of the whole tree, CPU time
+  of the tree measured by the runner); rlimits always (address space, CPU seconds, open files, file
+  size, and processes counted in the kernel's own user namespace, not the user's whole machine).
+
+Works as root and as a normal user where unprivileged user namespaces are allowed (Debian, Ubuntu,
+Fedora by default). Anything that cannot be set up stops the process with the reason: a session asked for
+a sandbox never runs without one. `python -m primefs.kernels.sandbox BOXFILE -- PROGRAM ARGS` runs a program in a
+sandbox (end-condition commands).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+import threading
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 0x4000, 1 << 18
+MOUNT_ATTR_RDONLY, AT_RECURSIVE, AT_FDCWD, SYS_MOUNT_SETATTR = 0x1, 0x8000, -100, 442
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 36, 47, 4
+NOBODY = 65534  # the uid and gid of kernels when the runner is root
+SOCKETS = "/tmp/.primefs"  # where a sandboxed kernel finds its own sockets and the runner's (rpc)
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise SandboxError(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def prctl(option: int, value: int) -> int:
+    return _libc.prctl(option, value, 0, 0, 0)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(), flags,
+                       data and data.encode()), f"cannot mount {target}")
+
+
+def _set_read_only(path: str, read_only: bool) -> None:
+    """Read-only: the mount at `path` and every mount below it. Writable: that one mount only (a writable
+    /tmp must not make what is bound inside it writable too)."""
+    attr = _MountAttr(MOUNT_ATTR_RDONLY if read_only else 0, 0 if read_only else MOUNT_ATTR_RDONLY, 0, 0)
+    _check(_libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), AT_RECURSIVE if read_only else 0,
+                         ctypes.byref(attr),
+                         ctypes.sizeof(attr)), f"cannot make {path} {'read-only' if read_only else 'writable'}")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# -- what the kernel still reads behind the hidden folders ------------------------------------------
+@functools.lru_cache(maxsize=1)
+def python_paths() -> list[str]:
+    """Python, its standard library and every package folder this process imports from (editable installs
+    included): what a kernel must still read where these lie inside a hidden folder. Found once, in the
+    kernel template after its imports (forked kernels inherit the answer)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable))}
+    paths.update(p for p in sys.path if p and os.path.isabs(p))
+    for name, module in list(sys.modules.items()):  # editable installs: the package folders themselves
+        if name.startswith("__editable__") and isinstance(getattr(module, "MAPPING", None), dict):
+            paths.update(module.MAPPING.values())
+    return sorted(p for p in paths if os.path.exists(p))
+
+
+def _traversable(path: str, uid: int) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if st.st_uid == uid:
+        return bool(st.st_mode & 0o100)
+    return bool(st.st_mode & 0o001)
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _topmost(paths) -> list[str]:
+    real = sorted({os.path.realpath(p) for p in paths})
+    return [p for p in real if not any(_under(p, q) and p != q for q in real)]
+
+
+def _home() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return ""
+
+
+def hidden_folders(box: dict, exposed: list[str]) -> list[str]:
+    """Folders replaced by an empty mount: temporary and runtime folders (host sockets live there), the
+    runner's home, and (as root) any folder on the way to an exposed path that the kernel's uid could not
+    pass anyway. Top-most only: a folder inside another is hidden with it."""
+    found = ["/tmp", "/var/tmp", "/sys/fs/cgroup", *box.get("hide", [])]
+    found += [os.environ.get("HOME") or "", _home()]
+    found.append("/run" if not box["settings"].get("network") else f"/run/user/{os.getuid()}")
+    uid = box["uid"]
+    if uid != os.getuid():
+        for path in exposed:
+            parts = path.strip("/").split("/")
+            for i in range(1, len(parts)):
+                folder = "/" + "/".join(parts[:i])
+                if not _traversable(folder, uid):
+                    found.append(folder)
+                    break
+    return _topmost(p for p in found if p and p != "/" and os.path.isdir(p))
+
+
+# -- entering -------------------------------------------------------------------------------------
+def enter(box: dict) -> None:
+    """Sandbox this process (single-threaded, freshly forked). Returns in the sandboxed child only; the
+    calling process stays outside, waits for it and exits with its status.
+
+    `box`: settings (settings.SANDBOX), workspace (read), rooms (written), cwd, uid (the kernel's uid
+    outside) and gid, and optionally sockets_host (the kernel's socket folder, seen at SOCKETS inside), hide (more
+    folders to hide: the runner's runtime folder), cgroup (folders to join)."""
+    root = os.getuid() == 0
+    for folder in box.get("cgroup") or []:
+        _write(os.path.join(folder, "cgroup.procs"), "0")
+    if root:
+        os.setgroups([])
+        _check(_libc.unshare(CLONE_NEWPID), "cannot create a pid namespace")
+    else:
+        _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWPID),
+               "cannot create namespaces (are unprivileged user namespaces allowed?)")
+        prctl(PR_SET_DUMPABLE, 1)  # (the template is not): our own uid map is ours to write only then
+        _map_ids("self", os.getuid(), os.getgid(), os.getuid(), os.getgid())
+    prctl(PR_SET_DUMPABLE, 0)
+    to_keeper_r, to_keeper_w = os.pipe()
+    to_kernel_r, to_kernel_w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(to_keeper_w)
+        os.close(to_kernel_r)
+        _keep(pid, box, to_keeper_r, to_kernel_w)  # never returns
+    os.close(to_keeper_r)
+    os.close(to_kernel_w)
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _build_mounts(box)
+        flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+        if not box["settings"].get("network"):
+            flags |= CLONE_NEWNET
+        prctl(PR_SET_DUMPABLE, 1)  # the keeper writes our uid map: /proc/<us> must be ours until then
+        _check(_libc.unshare(flags), "cannot create the kernel's user namespace")
+        os.write(to_keeper_w, b"u")
+        if os.read(to_kernel_r, 1) != b"m":  # nothing: the keeper is gone
+            raise SandboxError("the uid map of the sandbox could not be written")
+        os.setresgid(box["gid"], box["gid"], box["gid"])
+        os.setresuid(box["uid"], box["uid"], box["uid"])
+        _drop_capabilities()
+        _check(prctl(PR_SET_NO_NEW_PRIVS, 1), "cannot set no_new_privs")
+        prctl(PR_SET_DUMPABLE, 0)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # new credentials cleared it
+        os.set_blocking(to_kernel_r, False)  # the first process of a pid namespace has no parent to ask:
+        try:  # the keeper holds the other end of this pipe for as long as it lives
+            if os.read(to_kernel_r, 1) == b"":
+                os._exit(1)
+        except BlockingIOError:
+            pass
+        os.close(to_kernel_r)
+        os.close(to_keeper_w)
+        _set_limits(box["settings"])
+        os.chdir(box["cwd"])  # through the room's writable mount, not the read-only one beneath
+        os.environ.update({"TMPDIR": "/tmp", "HOME": "/tmp", "IPYTHONDIR": "/tmp/.ipython"})
+        import tempfile
+
+        tempfile.tempdir = "/tmp"  # the template may have cached another one
+    except BaseException as exc:
+        print(f"primefs sandbox: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def _map_ids(pid: str, inner_uid: int, inner_gid: int, outer_uid: int, outer_gid: int) -> None:
+    _write(f"/proc/{pid}/setgroups", "deny")
+    _write(f"/proc/{pid}/uid_map", f"{inner_uid} {outer_uid} 1")
+    _write(f"/proc/{pid}/gid_map", f"{inner_gid} {outer_gid} 1")
+
+
+def _keep(pid: int, box: dict, from_kernel: int, to_kernel: int) -> None:
+    """The process outside: map the kernel's ids once it has its user namespace, then wait for it."""
+    try:
+        if os.read(from_kernel, 1) == b"u":
+            outer = NOBODY if os.getuid() == 0 else os.getuid()
+            outer_gid = NOBODY if os.getuid() == 0 else os.getgid()
+            _map_ids(str(pid), box["uid"], box["gid"], outer, outer_gid)
+            os.write(to_kernel, b"m")  # `to_kernel` stays open while we live: the kernel checks it
+    except OSError as exc:
+        print(f"primefs sandbox: cannot map the kernel's uid: {exc}", file=sys.stderr, flush=True)
+    os.close(from_kernel)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            os._exit(1)
+        except InterruptedError:
+            continue
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _build_mounts(box: dict) -> None:
+    _check(_libc.unshare(CLONE_NEWNS), "cannot create a mount namespace")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    rooms = [os.path.realpath(p) for p in box["rooms"]]
+    exposed = _topmost([box["workspace"], *python_paths()])
+    hidden = hidden_folders(box, exposed)
+    if not _traversable(os.path.realpath(box["workspace"]), box["uid"]):
+        raise SandboxError(f"the workspace {box['workspace']} cannot be read by the kernel's uid {box['uid']}")
+    sockets = box.get("sockets_host")
+    devices = [d for d in DEVICES if os.path.exists(d)] + sorted(
+        os.path.join("/dev", n) for n in os.listdir("/dev") if n.startswith(GPU_DEVICES))
+    # Sources are opened now, in this mount namespace, before the hiding mounts cover them.
+    fds = {p: os.open(p, os.O_PATH) for p in {*exposed, *rooms, *devices, *([sockets] if sockets else [])}}
+    tmp_mb = max(16, int(box["settings"]["memory_mb"]) // 4)
+    for folder in hidden:
+        mode, size = ("1777", f"{tmp_mb}m") if folder == "/tmp" else ("0755", "1m")
+        _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode},size={size}")
+    for path in exposed:  # parents first: a bind inside another stays visible
+        if any(_under(path, h) for h in hidden):
+            _bind_into_skeleton(fds[path], path)
+    for path in box.get("hide_files") or []:  # a key file outside the workspace reads as empty
+        if os.path.isfile(path):
+            _mount("/dev/null", path, None, MS_BIND)
+    _minimal_dev(devices, fds)
+    if sockets:
+        os.makedirs(SOCKETS, exist_ok=True)
+        _mount(f"/proc/self/fd/{fds[sockets]}", SOCKETS, None, MS_BIND)
+    for room in rooms:
+        _mount(f"/proc/self/fd/{fds[room]}", room, None, MS_BIND | MS_REC)
+    for fd in fds.values():
+        os.close(fd)
+    _set_read_only("/", True)
+    for path in [*rooms, *([SOCKETS] if sockets else []), "/tmp", "/dev/shm"]:
+        _set_read_only(path, False)
+    _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+# The devices a kernel gets (the host's others, /dev/fuse or /dev/net/tun, are not there), and GPUs'.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+GPU_DEVICES = ("nvidia", "kfd")
+
+
+def _minimal_dev(devices: list[str], fds: dict) -> None:
+    """A /dev of its own: the few devices above bound in, a new pts instance, a private /dev/shm."""
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "mode=0755,size=1m")
+    for dev in devices:
+        open(dev, "w").close()
+        _mount(f"/proc/self/fd/{fds[dev]}", dev, None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx")):
+        os.symlink(target, f"/dev/{name}")
+    os.makedirs("/dev/pts")
+    _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    os.makedirs("/dev/shm")
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+
+
+def _bind_into_skeleton(fd: int, path: str) -> None:
+    if os.path.isdir(f"/proc/self/fd/{fd}"):
+        os.makedirs(path, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not os.path.exists(path):
+            open(path, "w").close()
+    _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+
+
+def _drop_capabilities() -> None:
+    for cap in range(64):
+        if prctl(PR_CAPBSET_DROP, cap) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last one
+            break
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "cannot drop capabilities")
+
+
+def _set_limits(settings: dict) -> None:
+    """Set inside the kernel's own user namespace: RLIMIT_NPROC then counts the processes of this kernel,
+    not every process its uid has on the machine."""
+    mb = 1024 * 1024
+    for limit, value in ((resource.RLIMIT_AS, int(settings["memory_mb"]) * mb),
+                         (resource.RLIMIT_CPU, int(settings["cpu_s"])),
+                         (resource.RLIMIT_NOFILE, int(settings["open_files"])),
+                         (resource.RLIMIT_NPROC, int(settings["processes"])),
+                         (resource.RLIMIT_FSIZE, int(settings["disk_mb"]) * mb)):
+        hard = value + 5 if limit == resource.RLIMIT_CPU else value  # SIGXCPU first, then SIGKILL
+        resource.setrlimit(limit, (value, hard))
+
+
+def kernel_ids() -> tuple[int, int]:
+    """The uid and gid a sandboxed kernel has: never root."""
+    return (NOBODY, NOBODY) if os.getuid() == 0 else (os.getuid(), os.getgid())
+
+
+# -- cgroups: limits over the kernel's whole process tree ------------------------------------------
+def _cgroup_mounts() -> dict[str, str]:
+    """controller -> mount point (cgroup v1), and "v2" -> the cgroup2 mount."""
+    out: dict[str, str] = {}
+    try:
+        lines = open("/proc/self/mountinfo").read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split(" - ")
+        if len(fields) != 2:
+            continue
+        mount_point, (fstype, _src, opts) = fields[0].split()[4], fields[1].split()[:3]
+        if fstype == "cgroup2":
+            out.setdefault("v2", mount_point)
+        elif fstype == "cgroup":
+            for c in ("memory", "pids", "cpuacct"):
+                if c in opts.split(","):
+                    out.setdefault(c, mount_point)
+    return out
+
+
+def _own_cgroup(controller: str) -> str:
+    try:
+        for line in open("/proc/self/cgroup").read().splitlines():
+            _id, names, path = line.split(":", 2)
+            if (controller == "v2" and _id == "0") or controller in names.split(","):
+                return path
+    except (OSError, ValueError):
+        pass
+    return "/"
+
+
+class Cgroup:
+    """The cgroup(s) of one kernel tree, made by the runner: memory and processes of all its processes
+    together; its CPU time is read by the runner (cpu_s counts the whole tree)."""
+
+    def __init__(self, folders: list[str], version: int):
+        self.folders, self.version = folders, version
+
+    @classmethod
+    def make(cls, group: str, name: str, memory_mb: int, processes: int) -> "Cgroup | None":
+        """A cgroup for one kernel (`group`: its runner's, one per workspace), or None where none is
+        writable (then only rlimits apply)."""
+        mounts = _cgroup_mounts()
+        parent = f"primefs-{os.getuid()}/{group}"
+        if all(c in mounts for c in ("memory", "pids", "cpuacct")):  # v1 (a root runner)
+            folders = [os.path.join(mounts[c], _own_cgroup(c).lstrip("/"), parent, name)
+                       for c in ("memory", "pids", "cpuacct")]
+            try:
+                for f in folders:
+                    os.makedirs(f, exist_ok=True)
+                _write(os.path.join(folders[0], "memory.limit_in_bytes"), str(memory_mb * 1024 * 1024))
+                _write(os.path.join(folders[1], "pids.max"), str(processes))
+                return cls(folders, 1)
+            except OSError:
+                cls(folders, 1).remove()
+        if "v2" in mounts:  # a delegated cgroup2 subtree: siblings of the runner's own cgroup
+            base = os.path.dirname(os.path.join(mounts["v2"], _own_cgroup("v2").lstrip("/")))
+            try:
+                enabled = open(os.path.join(base, "cgroup.subtree_control")).read().split()
+            except OSError:
+                enabled = []
+            if {"memory", "pids"} <= set(enabled) and os.access(base, os.W_OK):
+                folder = os.path.join(base, f"{parent.replace('/', '-')}-{name}")
+                try:
+                    os.makedirs(folder, exist_ok=True)
+                    _write(os.path.join(folder, "memory.max"), str(memory_mb * 1024 * 1024))
+                    _write(os.path.join(folder, "memory.swap.max"), "0")
+                    _write(os.path.join(folder, "pids.max"), str(processes))
+                    return cls([folder], 2)
+                except OSError:
+                    cls([folder], 2).remove()
+        return None
+
+    def cpu_seconds(self) -> float:
+        try:
+            if self.version == 1:
+                return int(open(os.path.join(self.folders[2], "cpuacct.usage")).read()) / 1e9
+            for line in open(os.path.join(self.folders[0], "cpu.stat")):
+                if line.startswith("usage_usec"):
+                    return int(line.split()[1]) / 1e6
+        except (OSError, ValueError, IndexError):
+            pass
+        return 0.0
+
+    def kill(self) -> None:
+        """Every process in it, wherever it went (a double fork, a new session)."""
+        if self.version == 2:
+            try:
+                _write(os.path.join(self.folders[0], "cgroup.kill"), "1")
+                return
+            except OSError:
+                pass
+        for _ in range(5):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(x) for x in open(os.path.join(self.folders[0], "cgroup.procs")).read().split()]
+        except (OSError, ValueError):
+            return []
+
+    def remove(self) -> None:
+        for f in self.folders:
+            try:
+                os.rmdir(f)
+            except OSError:
+                pass
+
+
+def remove_stale_cgroups(group: str) -> None:
+    """Empty cgroups of kernels of an earlier runner of this group (a killed runner leaves them). Only
+    its own group: another workspace's runner may be making a kernel's (still empty) cgroup right now."""
+    mounts = _cgroup_mounts()
+    parent = f"primefs-{os.getuid()}/{group}"
+    bases = [os.path.join(mounts[c], _own_cgroup(c).lstrip("/"), parent)
+             for c in ("memory", "pids", "cpuacct") if c in mounts]
+    for base in bases:
+        for name in os.listdir(base) if os.path.isdir(base) else []:
+            try:
+                os.rmdir(os.path.join(base, name))
+            except OSError:
+                pass
+
+
+# -- the runner's side: boxes, commands in them, what this machine allows ------------------------------
+def box_for(settings: dict, workspace, rooms: list, cwd, *, sockets: str | None = None, hide=(), hide_files=(),
+            cgroup: "Cgroup | None" = None) -> dict:
+    """What enter() needs: the rooms made (and, for a root runner, given to the kernel's uid), plus the
+    folders a person's `sandbox: {write: [...]}` grants."""
+    uid, gid = kernel_ids()
+    rooms = [str(r) for r in rooms]
+    for room in rooms:
+        os.makedirs(room, exist_ok=True)
+        if uid != os.getuid():
+            give(room, uid, gid)
+    for folder in settings.get("write") or []:
+        st = os.stat(folder)
+        if uid != os.getuid() and not (st.st_uid == uid or st.st_mode & 0o002):
+            raise SandboxError(f"sandbox.write: {folder} cannot be written by uid {uid}, the uid of sandboxed "
+                               f"kernels of a runner running as root: `chown -R {uid} {folder}`, or run primefs "
+                               "as a normal user")
+        rooms.append(folder)
+    return {"settings": settings, "workspace": str(workspace), "rooms": rooms, "cwd": str(cwd), "uid": uid,
+            "gid": gid, "sockets_host": sockets, "hide": [str(h) for h in hide],
+            "hide_files": [str(f) for f in hide_files],
+            "cgroup": cgroup.folders if cgroup else []}
+
+
+def give(path, uid: int, gid: int) -> None:
+    """Make the folder `path` (and what is in it) the kernel's, when it is not yet. Never through a link:
+    a room that is a link (made by a kernel without a sandbox) is refused, and what is inside is changed
+    through folder descriptors (a folder swapped for a link meanwhile is not entered)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise SandboxError(f"{path} is not a folder (a link?): refusing to give it to the kernel's uid {uid}")
+    if st.st_uid == uid:
+        return
+    os.lchown(path, uid, gid)
+    for _folder, dirs, files, dirfd in os.fwalk(path, follow_symlinks=False):
+        for name in dirs + files:
+            try:
+                os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+            except OSError:
+                pass
+
+
+def run_in_box(box: dict | None, argv: list[str], timeout: float, env: dict, cwd=None) -> tuple[int | None, str]:
+    """Run a program in a sandbox (or, with no box, as it is, in `cwd`): (exit code, or None if it ran
+    over `timeout` and was ended with all it started; its output)."""
+    import subprocess
+
+    if box is not None:  # -P and "/": nothing of the room (where it goes) is on the launcher's sys.path
+        argv, cwd = [sys.executable, "-P", "-m", "primefs.kernels.sandbox", json.dumps(box), "--", *argv], "/"
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:  # the group; in a box the rest dies with its pid namespace
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        out, _ = proc.communicate()
+        code = None
+    return code, out.decode("utf-8", errors="replace")
+
+
+_MACHINE: dict = {}
+_MACHINE_LOCK = threading.Lock()  # one probe at a time: the runner's start and a first kernel
+NONE_HERE = ("no sandbox can be had on this machine, so kernels run without one, with your user's rights "
+             "(docs/reliability.md, \"Threat model\"); set `sandbox: off` to say you know")
+
+
+def unavailable() -> str | None:
+    """Why no sandbox can be had on this machine (None: it can). Found once per process, by running
+    `true` in one (~70 ms: the runner starts it at once, beside the kernel template's imports)."""
+    with _MACHINE_LOCK:
+        return _probe()
+
+
+def _probe() -> str | None:
+    if "why" not in _MACHINE:
+        import shutil
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="primefs-probe-")
+        try:
+            os.chmod(folder, 0o755)
+            settings = {"network": False, "memory_mb": 256, "cpu_s": 10, "processes": 16, "open_files": 64,
+                        "disk_mb": 1}
+            box = box_for(settings, folder, [os.path.join(folder, "room")], os.path.join(folder, "room"))
+            env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
+            code, out = run_in_box(box, ["true"], 30, env)
+            lines = [ln for ln in out.splitlines() if ln.strip()]
+            _MACHINE["why"] = None if code == 0 else (lines[-1] if lines else f"exit status {code}")
+        except (OSError, SandboxError) as exc:
+            _MACHINE["why"] = str(exc)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return _MACHINE["why"]
+
+
+def weaker_limits() -> str | None:
+    """What the sandbox limits less well on this machine (once per process): without a writable cgroup,
+    memory and CPU seconds count per process, not over a kernel's whole tree."""
+    if "limits" not in _MACHINE:  # (a race makes two probes: both give the same answer)
+        probe = Cgroup.make(f"probe-{os.getpid()}", "probe", 64, 16)
+        if probe is not None:
+            probe.remove()
+        _MACHINE["limits"] = None if probe else (
+            "no cgroup can be made here: memory (sandbox.memory_mb) and CPU seconds (sandbox.cpu_s) are capped per "
+            "process, not over all the processes of a kernel; processes are still capped per kernel")
+    return _MACHINE["limits"]
+
+
+def main(argv: list[str]) -> None:
+    """python -m primefs.kernels.sandbox BOX -- PROGRAM ARGS...: run PROGRAM in the box BOX describes (JSON, as
+    enter() takes it); the exit status is the program's."""
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m primefs.kernels.sandbox BOX_JSON -- PROGRAM [ARGS...]", file=sys.stderr)
+        raise SystemExit(2)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a runner that dies takes its end-condition commands along
+    enter(json.loads(argv[0]))
+    try:
+        os.execvp(argv[2], argv[2:])
+    except OSError as exc:
+        print(f"primefs sandbox: cannot run {argv[2]}: {exc.strerror}", file=sys.stderr, flush=True)
+        os._exit(127)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

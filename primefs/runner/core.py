@@ -1,0 +1,412 @@
+"""The runner: builds the parts, wires them together and runs the main loop.
+
+The parts (see docs/architecture.md): the session tree, the post office, the scheduler, the model
+gateway, the kernel host, intake (goal files, heartbeats, hand edits), turns, the kernel services.
+Files are the truth: on start and periodically the runner lists goals/ and looks at the sessions
+that are awake (alive.py: dormant, finished sessions cost a stat now and then); file events only make
+it look sooner. One runner per workspace (an fcntl lock).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import resource
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from primefs.errors import PrimefsError
+from primefs.index import archive
+from primefs.kernels import sandbox
+from primefs.kernels.forkserver import hide_from_same_user
+from primefs.plugins import end_conditions, plugin_manager, providers
+from primefs.runner import warmup
+from primefs.runner.agent import Agent
+from primefs.runner.alive import Alive
+from primefs.runner.bell import Bell
+from primefs.runner.gateway import ModelGateway
+from primefs.runner.goalctl import GoalControl
+from primefs.runner.intake import Intake
+from primefs.runner.liverequests import LiveRequests
+from primefs.runner.postoffice import PostOffice
+from primefs.runner.scheduler import Scheduler
+from primefs.runner.services import KernelServices
+from primefs.runner.toolbox import ToolBox
+from primefs.runner.tree import SessionTree
+from primefs.runner.turns import Turns
+from primefs.runner.watcher import watch
+from primefs.store import redact
+from primefs.store.control import REFINE_FILE, STOP_FILE, lock_path, state_path, take_refine_request
+from primefs.store.fsutil import NAME_RE, write_atomic
+from primefs.store.gitops import Committer, commit_cut_off
+from primefs.store.session import Session
+from primefs.store.settings import check_sandbox
+from primefs.store.workspace import Workspace
+
+RESCAN_S = 5.0
+# What in an awake session's folder can bring it work: not its history or summary, written at every event
+LOOKED_AT = ("mail", STOP_FILE, REFINE_FILE, "heartbeats", "session.yaml")
+STATE_S = 2.0  # how often .primefs/runner.json is refreshed
+
+
+def raise_fd_limit() -> None:
+    """Each live kernel costs the runner a few descriptors: use the hard limit, not the soft 1024."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
+
+
+class RunnerLock:
+    """One runner per workspace: an OS lock, released by the kernel if the runner dies."""
+
+    def __init__(self, ws: Workspace):
+        ws.state.mkdir(exist_ok=True)
+        self.path = lock_path(ws)
+        self.file = open(self.path, "a+")
+        for attempt in range(5):  # `primefs agents`/`runner` probe the lock for an instant: retry briefly
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == 4:
+                    self.file.close()
+                    raise PrimefsError(f"a runner is already running in {ws.root} (lock {self.path} is held)") \
+                        from None
+                time.sleep(0.05)
+        self.file.truncate(0)
+        self.file.write(f"{os.getpid()} {time.time()}\n")
+        self.file.flush()
+
+    def release(self) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+class OnceLog:
+    """The runner's log. A warning or error said once is not said again (a bad file is reported once,
+    not at every rescan); other lines pass. Remembers the last 10,000 such messages. Known secrets are
+    redacted (a provider's error may carry a key: `primefs up` keeps the log in .primefs/runner.log)."""
+
+    def __init__(self, log):
+        self.out = log
+        self.said: OrderedDict[str, None] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: str) -> None:
+        msg = redact.text(msg)
+        if msg.startswith(("warning:", "error", "goal error:")):
+            with self.lock:
+                if msg in self.said:
+                    return
+                self.said[msg] = None
+                if len(self.said) > 10_000:
+                    self.said.popitem(last=False)
+        self.out(msg)
+
+
+class Runner:
+    def __init__(self, ws: Workspace, log=None, ray: str | None = None):
+        self.ws = ws
+        self.ray = ray  # `run --ray ADDRESS`: kernels on that Ray cluster (else `hosts:` decides)
+        self.log = OnceLog(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
+        self._configure()
+        self.pm = plugin_manager(ws.root)
+        conditions = end_conditions(self.pm)
+        self.bell = Bell()
+        self.tree = SessionTree(ws.sessions)
+        self.scheduler = Scheduler(self.bell, lambda: int(self.limits["max_concurrent_sessions"]),
+                                   lambda sid: self.turns.work(sid), self.log)
+        self.post = PostOffice(self.tree, self.bell, self.log, on_mail=lambda sid: self.turns.mail_arrived(sid))
+        self.goals = GoalControl(self.tree, conditions, ws.root, self.bell, lambda sid: self.turns.turns_of(sid))
+        self.gateway = ModelGateway(ws, providers(self.pm), self.goals, self.bell, self.log)
+        self.intake = Intake(ws, self.tree, self.scheduler, self.post, conditions, self.log)
+        self.toolbox = ToolBox(ws, self.pm, self.log)
+        self.turns = Turns(ws, self.tree, self.post, self.scheduler, self.goals, self.bell, self._make_agent,
+                           self.intake.commit_hand_edits, self.log)
+        self.requests = LiveRequests(ws, self.turns, self.log)
+        self.services = KernelServices(ws, self.tree, self.turns, self.post, self.scheduler, self.goals,
+                                       self.intake, self.bell, self.toolbox)
+        self.alive = Alive(ws, self.tree, self.intake, self.turns, self.scheduler, self.log,
+                           apply_stop=self.apply_stop, apply_refine=self.apply_refine_request)
+        self.intake.on_adopt = self.alive.wake
+        self.archiver = archive.OnRequest(ws, busy=self._in_use, alive=self.alive, before=self._flush_commits,
+                                          guarded=self.guarded)
+        self.host = None  # the kernel host, started by run()
+        self.lock: RunnerLock | None = None
+        self.started_at = time.time()
+
+    def _configure(self) -> None:
+        """Settings from primefs.yaml (again after it changed: Intake.check_config)."""
+        self.limits = self.ws.limits()
+        redact.configure(self.ws.config)  # the keys this workspace names are never written to a file
+        requests = getattr(self, "requests", None)  # (not yet made at the first call)
+        if requests is not None and requests.connected and not self.ws.config.get("kernel_connect"):
+            requests.revoke()
+
+    def _in_use(self, sid: str) -> bool:
+        """Not to be archived now: queued, running or awake. A finished session's kernel still parked goes
+        first (a live kernel could change its room while the archive reads it)."""
+        if self.scheduler.busy(sid) or sid in self.alive.awake:
+            return True
+        agent = self.turns.agents.get(sid)
+        return agent is not None and agent.kernel.running() and not self.turns.evict(agent, "its session was archived")
+
+    def _make_agent(self, session: Session) -> Agent:
+        return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,
+                     bell=self.bell, toolbox=self.toolbox)
+
+    # -- what other code may ask ------------------------------------------------------------------
+    def busy(self, sid: str) -> bool:
+        return self.scheduler.busy(sid)
+
+    def refine(self, sid: str, **request) -> dict:
+        return self.turns.refine(self.turns.agent(sid), **request)
+
+    def outcome(self) -> dict:
+        """What went wrong under this runner: sessions that failed (and still are), goal files refused."""
+        failed = []
+        for sid in sorted(self.turns.failed):
+            try:
+                if self.tree.session(sid).reload().get("status") == "failed":
+                    failed.append(sid)
+            except (PrimefsError, OSError):
+                failed.append(sid)
+        return {"failed": failed, "rejected": sorted(self.intake.rejected)}
+
+    def stop(self) -> None:
+        """Ask a running `run()` to return (from another thread)."""
+        self.bell.stop()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def run(self, once: bool = False) -> None:
+        self.lock = RunnerLock(self.ws)
+        hide_from_same_user()
+        raise_fd_limit()
+        self.started_at = time.time()
+        observer = None
+        self._handle_sigterm()
+        try:
+            self.host = self._kernel_host()
+            threading.Thread(target=self.guarded, args=("the sandbox check", self._say_sandbox), daemon=True,
+                             name="primefs-sandbox-check").start()
+            self.toolbox.start()
+            self.turns.committer = Committer(self.ws.root)
+            if not once:  # a runner that keeps running: from its configuration alone, as early as can be
+                self.guarded("a warm-up", self._warm_up, False)
+            self.recover()
+            if once:  # what --once will call: its waiting goals and sessions (known after recover)
+                self.guarded("a warm-up", self._warm_up, True)
+            self.guarded("heartbeats", self.intake.tick_heartbeats)  # ticks missed meanwhile: one message each
+            self.guarded("scan", self.scan)
+            if not once:
+                observer = watch(self.ws, self.alive, lambda path: self.guarded("a file event", self.hint, path))
+                self.log(f"runner {os.getpid()} in {self.ws.root}: {len(self.scheduler.queued | self.scheduler.active)} session(s) with work; "
+                         "watching goals/ and mailboxes (Ctrl-C stops)")
+            self._loop(once)
+        except KeyboardInterrupt:
+            self.log("stopping: sessions that were running resume when a runner starts again")
+        finally:
+            self.bell.stop()
+            if observer is not None:
+                observer.stop()
+            self._shutdown()
+
+    def _say_sandbox(self) -> None:
+        """Once, at start: a sandbox that cannot be had here, or limits it can only keep per process."""
+        box = check_sandbox(self.ws.config.get("sandbox"), "primefs.yaml", self.ws.root)
+        if box and box.get("default") and sandbox.unavailable():
+            self.log(f"warning: sandbox: {sandbox.NONE_HERE}: {sandbox.unavailable()}")
+        elif box and sandbox.weaker_limits():
+            self.log(f"warning: sandbox: {sandbox.weaker_limits()}")
+
+    def _warm_up(self, once: bool) -> None:
+        """`import litellm` in the background if a model it serves is about to be called (warmup.py)."""
+        names = warmup.models_in_sight(self.ws, self.tree, self.scheduler, self.intake.claimed) if once else \
+            warmup.configured(self.ws)
+        if warmup.litellm_models(self.ws, self.gateway.providers, names):
+            warmup.start()
+
+    def _kernel_host(self):
+        """Local kernels, or kernels on a Ray cluster (`--ray ADDRESS`, or `hosts:` of kind ray)."""
+        ray = self.ws.ray_host()
+        if self.ray or ray:
+            from primefs.kernels.ray import RayKernelHost
+
+            address = self.ray or ray["address"]
+            self.log(f"kernels on the Ray cluster at {address}")
+            return RayKernelHost(address, self.ws.root, self.services.handle, self.log,
+                                 resources=(ray or {}).get("resources"))
+        from primefs.kernels.local import LocalKernelHost
+
+        return LocalKernelHost(self.ws.runtime, self.ws.root, self.services.handle, self.log)
+
+    def guarded(self, what: str, fn, *args) -> None:
+        """Run one step of the loop (or a watchdog hint); a failure is logged once, never fatal."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - one bad file or session must not stop the runner
+            self.log(f"warning: {what}: {type(exc).__name__}: {exc}")
+
+    def _loop(self, once: bool) -> None:
+        last_scan = last_state = last_tick = time.monotonic()
+        self.write_state()
+        while True:
+            now = time.monotonic()
+            if now - last_scan > RESCAN_S:
+                self.guarded("scan", self.scan)  # watchdog events are hints; the listing is the truth
+                last_scan = now
+            if now - last_state > STATE_S:
+                self.write_state()
+                last_state = now
+            if not once and now - last_tick >= 0.25:  # the loop wakes often: rate-limit
+                self.guarded("heartbeats", self.intake.tick_heartbeats)
+                last_tick = now
+                self.archiver.check()  # `primefs archive` while this runner runs: done here, in a thread
+            look = self.intake.next_look  # a goal file being written: read it once it settles
+            if look is not None and now >= look:
+                self.guarded("goals", self.intake.scan_goals)
+                look = self.intake.next_look
+            with self.bell.cond:
+                self.scheduler.dispatch()
+                if self.bell.stopping:
+                    return
+                if not (once and self.scheduler.idle()) or look is not None:
+                    self.bell.cond.wait(1.0 if look is None else min(1.0, max(0.02, look - time.monotonic())))
+                    continue
+            self.guarded("scan", self.scan)  # one last look: files may have come from outside meanwhile
+            if self.scheduler.idle() and self.intake.next_look is None:
+                return
+
+    def _handle_sigterm(self) -> None:
+        """`primefs down` sends SIGTERM: stop like Ctrl-C (sessions left resumable)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+
+    def write_state(self) -> None:
+        """.primefs/runner.json: what `primefs runner` shows (pid, since, kernels, memory), and its MCP servers
+        as `primefs tools` shows them."""
+        host = self.host.state() if self.host else {"live_kernels": 0, "kernel_pids": []}
+        state = {"pid": os.getpid(), "started": self.started_at, "updated": time.time(), **self.scheduler.snapshot(),
+                 **host, "mcp_tools": self.toolbox.mcp_state()}
+        path = state_path(self.ws)
+        try:
+            write_atomic(path, json.dumps(state, indent=1), durable=False)
+        except IsADirectoryError:  # a folder in the runner's own file's place: taken away, written next time
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+    def _shutdown(self) -> None:
+        self.bell.ring()  # release waiters in wait()/recv()
+        self.turns.interrupt_all()
+        self.scheduler.join(10)
+        self.gateway.drain(2.0)
+        self.turns.shutdown_kernels()
+        if self.host is not None:
+            self.host.close()
+        self.toolbox.close()
+        self.requests.close()
+        self.intake.harness_touched()
+        self.intake.commit_hand_edits()
+        committer = self.turns.committer
+        if committer is not None:
+            committer.close()
+            for err in committer.errors:
+                self.log(f"warning: git commit failed: {err}")
+        try:
+            state_path(self.ws).unlink()
+        except OSError:
+            pass
+        if self.lock:
+            self.lock.release()
+
+    def hint(self, path: Path) -> None:
+        """A file event: look at that goal, session or harness entry now (the files decide)."""
+        if path.parent == self.requests.dir:
+            if self.intake.check_config():
+                self._configure()
+            self.requests.take(path)
+            return
+        try:
+            rel = path.relative_to(self.ws.root).parts
+        except ValueError:
+            return
+        if rel[:1] == ("goals",):
+            if self.intake.check_config():  # e.g. a goal for a model just added to primefs.yaml
+                self._configure()
+        if rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
+            self.intake.scan_goals()
+        elif rel[:1] == ("harness",) or (len(rel) > 2 and rel[0] == "sessions" and rel[2] == "harness"):
+            self.intake.harness_touched()
+            if rel[0] == "sessions" and path.is_dir():  # a new folder of an awake session's harness
+                self.alive.watch_harness(rel[1], path)
+        elif len(rel) >= 2 and rel[0] == "sessions" and (len(rel) == 2 or rel[2] in LOOKED_AT):
+            self.alive.look(rel[1])  # the doorbell (the folder itself), mail, a request, heartbeats
+        elif rel == ("sessions",):  # events were lost: look at everything soon
+            self.alive.look_soon()
+
+    # -- finding work -----------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Start-up: trees a crash left half archived put right; the family links, which goals are taken,
+        which sessions were cut off or have mail waiting (alive.py: finished sessions are not loaded)."""
+        for root in archive.recover(self.ws):
+            self.log(f"archive of {root}: finished or undone after a crash")
+        for path in archive.conflicts(self.ws):
+            self.log(f"kept aside by an archive roll-back (its place was taken): {path}")
+        self.guarded("committing what a stopped runner staged", self._commit_cut_off)
+        self.alive.start()
+
+    def _commit_cut_off(self) -> None:
+        folders = commit_cut_off(self.ws.root)
+        if folders:
+            self.log(f"committed {len(folders)} session folder(s) a stopped runner had staged but not committed")
+
+    def _flush_commits(self) -> None:
+        if self.turns.committer is not None:
+            self.turns.committer.flush()
+
+    def scan(self) -> None:
+        if self.intake.check_config():
+            self._configure()
+        self.intake.scan_goals()
+        self.requests.scan()
+        self.alive.scan()
+
+    def apply_stop(self, sid: str) -> None:
+        """A stop request file (from `primefs stop`): stop the session now, or at its next step."""
+        if not NAME_RE.fullmatch(sid) or not self.tree.knows(sid):
+            return
+        self.turns.stop(sid)
+        try:
+            (self.ws.sessions / sid / STOP_FILE).unlink()
+        except FileNotFoundError:
+            pass
+
+    def apply_refine_request(self, sid: str) -> None:
+        """`primefs refine` while this runner runs: it leaves a request file; the runner does the work."""
+        if NAME_RE.fullmatch(sid) and self.tree.knows(sid):
+            request = take_refine_request(self.ws.sessions / sid)
+            if request is not None:
+                self.turns.refine_request(sid, request)
+
+
+def refine_offline(ws: Workspace, sid: str, request: dict, log) -> dict:
+    """`primefs refine` with no runner running (the caller holds the runner lock)."""
+    from primefs.harness.entries import session_chain
+    from primefs.harness.refine import run_refine
+
+    runner = Runner(ws, log=log)
+    chain = session_chain(ws, sid)
+    for child, parent in zip(chain, chain[1:] + [None]):
+        runner.tree.link(child, parent)
+    # the command prints each edit and the error itself: the runner's one-line summary would say it twice
+    return run_refine(ws, runner.turns.agent(sid), runner.tree.chain(sid), lambda line: None,
+                      **{k: v for k, v in request.items() if v is not None})

@@ -1,0 +1,165 @@
+"""Goals that run until done: budgets over the session tree, end conditions, autonomous turns.
+
+A goal's front matter may carry `autonomous`, `budget: {turns, tokens, seconds, cost_usd}` and
+`end_conditions: [{name: arg}, ...]`; they are copied into the goal session's session.yaml.
+Budgets count the whole tree below the session that holds them (tokens = input + output of
+every model call, cost in USD, seconds of wall time since its first turn); `turns` counts the
+turns of the goal session itself. They are checked before every model call of every session
+in the tree. A stop for a limit never reports success: the status is `stopped`, with a reason.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from primefs.errors import BudgetExhausted, SessionStopping
+from primefs.index.accounting import own_usage
+from primefs.runner.bell import Bell
+from primefs.runner.tree import SessionTree
+from primefs.store.settings import BUDGET_KEYS
+
+
+class GoalControl:
+    def __init__(self, tree: SessionTree, conditions: dict, root: Path, bell: Bell, turns_of: Callable[[str], int]):
+        self.tree = tree
+        self.conditions = conditions
+        self.root = root
+        self.bell = bell
+        self.turns_of = turns_of  # a session's turns so far (resumed turns are not new turns)
+        self._own: dict[str, list] = {}  # sid -> [tokens, cost], kept current by record_call
+        self._lock = threading.Lock()
+
+    # -- usage ------------------------------------------------------------------------------------
+    def _own_totals(self, sid: str) -> list:
+        if sid not in self._own:
+            u = own_usage(self.tree.session(sid))
+            self._own[sid] = [u["input_tokens"] + u["output_tokens"], u["cost_usd"]]
+        return self._own[sid]
+
+    def record_call(self, sid: str, tokens: int, cost: float) -> None:
+        with self._lock:
+            if sid in self._own:  # otherwise it is read from history when first needed
+                t = self._own[sid]
+                t[0] += tokens
+                t[1] += cost
+
+    def holder(self, sid: str) -> str | None:
+        """The nearest session at or above `sid` that has a budget."""
+        for x in self.tree.chain(sid):
+            if self.tree.session(x).meta.get("budget"):
+                return x
+        return None
+
+    def used(self, holder: str) -> dict:
+        with self._lock:
+            tokens = cost = 0.0
+            for x in self.tree.subtree(holder):
+                t = self._own_totals(x)
+                tokens, cost = tokens + t[0], cost + t[1]
+        started = self.tree.session(holder).meta.get("started_ts")
+        return {"turns": self.turns_of(holder), "tokens": int(tokens), "cost_usd": round(cost, 10),
+                "seconds": round(time.time() - started, 3) if started else 0.0}
+
+    def exhausted(self, sid: str, *, next_turn: bool = False) -> tuple[str, str] | None:
+        """(reason, detail) if a budget over `sid` is used up. `next_turn`: about to start one more turn."""
+        holder = self.holder(sid)
+        if holder is None:
+            return None
+        budget = self.tree.session(holder).meta["budget"]
+        used = self.used(holder)
+        for key, limit in budget.items():
+            value = used[key]
+            over = value >= limit if (key != "turns" or next_turn) else value > limit
+            if over:
+                return BUDGET_KEYS[key], f"{key} used {value:g} of {limit:g}" + (
+                    "" if holder == sid else f" (budget of {holder})")
+        return None
+
+    def before_model_call(self, agent) -> None:
+        if agent.stop_requested or self.bell.stopping:
+            raise SessionStopping("the session or the runner is stopping")
+        hit = self.exhausted(agent.session.id)
+        if hit:
+            raise BudgetExhausted(*hit)
+
+    # -- end conditions ---------------------------------------------------------------------------
+    def evaluate(self, agent) -> list[dict]:
+        """The session's end conditions, checked now. A `command` runs as the session's kernel would: in its
+        sandbox and its room (ctx["run"]); paths are its room's (ctx["room"])."""
+        sid = agent.session.id
+        ctx = {"workspace": self.root, "session": sid, "room": agent.room, "run": agent.run_command}
+        out = []
+        for cond in self.tree.session(sid).meta.get("end_conditions") or []:
+            (name, arg), = cond.items()
+            check = self.conditions.get(name)
+            if check is None:
+                out.append({"name": name, "arg": arg, "passed": False, "report": f"unknown end condition {name!r}"})
+                continue
+            try:
+                passed, report = check(arg, ctx)
+            except Exception as exc:  # a broken plugin fails its condition, not the runner
+                passed, report = False, f"{name} raised {type(exc).__name__}: {exc}"
+            out.append({"name": name, "arg": arg, "passed": bool(passed), "report": str(report)})
+        return out
+
+    def refuse_done(self, agent) -> str | None:
+        """done() is refused (with this message) while the session's end conditions fail."""
+        results = self.evaluate(agent)
+        failing = [r for r in results if not r["passed"]]
+        if not failing:
+            return None
+        return "done() refused: end conditions not met:\n" + "\n".join(r["report"] for r in failing)
+
+    def status(self, agent) -> dict:
+        sid = agent.session.id
+        meta = agent.session.meta
+        holder = self.holder(sid)
+        budget = {}
+        if holder:
+            used = self.used(holder)
+            for key, limit in self.tree.session(holder).meta["budget"].items():
+                budget[key] = {"limit": limit, "used": used[key], "left": max(0, limit - used[key])}
+        return {"goal": agent.session.task, "session": sid, "autonomous": bool(meta.get("autonomous")),
+                "turn": agent.turns, "budget": budget, "budget_holder": holder,
+                "end_conditions": self.evaluate(agent)}
+
+    # -- autonomy ---------------------------------------------------------------------------------
+    def after_turn(self, agent, outcome: str) -> str | None:
+        """Decide what follows a turn. Returns the notice that starts another turn, or None."""
+        s = agent.session
+        meta = s.reload()
+        if outcome in ("failed", "stopped") or meta.get("status") in ("failed", "stopped"):
+            return None
+        conds = meta.get("end_conditions") or []
+        if conds:
+            results = self.evaluate(agent)
+            failing = [r for r in results if not r["passed"]]
+            s.history.append("end_conditions", results=[{k: r[k] for k in ("name", "passed")} for r in results],
+                             report="\n".join(r["report"] for r in failing)[-4000:])
+            if not failing:
+                if meta.get("status") != "done" or meta.get("stop_reason") != "done":
+                    s.set_status("done", stop_reason="done", error=None)
+                return None
+            if meta.get("status") == "done":  # done() was accepted, but the conditions no longer hold
+                s.set_status("idle", stop_reason="end_conditions_failed")
+            if not meta.get("autonomous"):
+                return None
+            hit = self.exhausted(s.id, next_turn=True)
+            if hit:  # the budget says why it stopped; the error says the conditions still fail
+                s.set_status("stopped", stop_reason=hit[0], error=f"{hit[1]}; end conditions still failing: "
+                             + ", ".join(r["name"] for r in failing))
+                return None
+            holder = self.holder(s.id)
+            limit = self.tree.session(holder).meta["budget"].get("turns") if holder else None
+            attempt = f"attempt {agent.turns + 1}" + (f" of {limit:g}" if limit else "")
+            report = "\n\n".join(r["report"] for r in failing)[-4000:]
+            return f"The goal's end conditions are not met yet ({attempt}):\n{report}\nKeep working on the goal."
+        if not meta.get("autonomous") or outcome == "done":
+            return None
+        hit = self.exhausted(s.id, next_turn=True)
+        if hit:
+            s.set_status("stopped", stop_reason=hit[0], error=hit[1])
+            return None
+        return "Continue working on the goal. When it is complete, call done(answer) with the final answer."

@@ -1,0 +1,188 @@
+"""Requests from the command line to a running runner, as files: run code in a session's live kernel
+(`primefs exec`), or hand out its kernel's connection file (`primefs kernel`).
+
+The CLI writes `<runtime>/requests/<id>.json` (the private runtime folder, `$TMPDIR/primefs-<uid>/<hash>/`,
+mode 0700, hidden from sandboxed kernels: no kernel can ask for code to run in another); the runner claims it (renames it to `<id>.taken`), does
+the work in a thread of its own and writes `<id>.reply`; the CLI reads the reply and removes both.
+A runner that dies meanwhile leaves the CLI waiting until its timeout, which says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+
+from primefs.errors import PrimefsError
+from primefs.kernels.client import cut
+from primefs.store.fsutil import NAME_RE, write_atomic
+
+STALE_S = 120.0  # a request older than this is dropped unread
+BUSY_WAIT_S = 60.0  # exec during a turn waits this long for the cells of the current step to end
+
+
+def requests_dir(ws) -> Path:
+    return ws.runtime / "requests"
+
+
+def ask_runner(ws, op: str, timeout: float, **fields) -> dict:
+    """The CLI side: one request, its reply (a dict). Raises PrimefsError for an error reply."""
+    from primefs.store.control import lock_held
+
+    if not lock_held(ws):
+        raise PrimefsError(f"no runner is running: `primefs {op}` needs the session's live kernel (start one: "
+                           "primefs up)")
+    folder = requests_dir(ws)
+    folder.mkdir(parents=True, exist_ok=True)
+    rid = f"{time.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+    write_atomic(folder / f"{rid}.json", json.dumps({"op": op, **fields}), durable=False)
+    reply_path = folder / f"{rid}.reply"
+    deadline = time.monotonic() + timeout
+    try:
+        while not reply_path.exists():
+            if time.monotonic() > deadline:
+                raise PrimefsError(f"the runner did not answer within {timeout:g} s")
+            time.sleep(0.05)
+        reply = json.loads(reply_path.read_text())
+    finally:
+        for p in (folder / f"{rid}.json", folder / f"{rid}.taken", reply_path):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+    if reply.get("error") and not reply.get("ran"):
+        raise PrimefsError(reply["error"])
+    return reply
+
+
+class LiveRequests:
+    """The runner side."""
+
+    def __init__(self, ws, turns, log):
+        self.ws, self.turns, self.log = ws, turns, log
+        self.dir = requests_dir(ws)
+        self.connected: set[str] = set()  # sessions whose kernel's connection file was handed out
+
+    def close(self) -> None:
+        """Runner stop: its kernels go, and with them what the connection files pointed at."""
+        for p in (self.ws.runtime / "connect").glob("kernel-*.json"):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+    def revoke(self) -> None:
+        """`kernel_connect` turned off: the files go, and so do the kernels whose keys they gave away (a
+        new kernel, restored from its snapshot, has a new key: the old file opens nothing)."""
+        self.close()
+        for sid in sorted(self.connected):
+            self.log(f"{sid}: kernel_connect is off: its kernel, whose connection file was handed out, is replaced")
+            self.turns.retire_kernel(self.turns.agent(sid), "its connection file was revoked (kernel_connect "
+                                                            "was turned off)")
+        self.connected.clear()
+
+    def scan(self) -> None:
+        """Requests whose file event was missed (the listing is the truth)."""
+        if self.dir.is_dir():
+            for p in self.dir.glob("*.json"):
+                self.take(p)
+
+    def take(self, path: Path) -> None:
+        if path.suffix != ".json" or path.parent != self.dir:
+            return
+        taken = path.with_suffix(".taken")
+        try:
+            os.rename(path, taken)  # claimed once, even if a scan and a file event both see it
+            if time.time() - taken.stat().st_mtime > STALE_S:  # its CLI is gone: never run old code
+                taken.unlink()
+                return
+            request = json.loads(taken.read_text())
+        except (OSError, ValueError):
+            return
+        threading.Thread(target=self._serve, args=(taken.with_suffix(".reply"), request),
+                         name=f"request-{path.stem}", daemon=True).start()
+
+    def _serve(self, reply_path: Path, request) -> None:
+        try:
+            reply = self._do(request if isinstance(request, dict) else {})
+        except PrimefsError as exc:
+            reply = {"error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - the CLI gets the reason, the runner goes on
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            write_atomic(reply_path, json.dumps(reply, default=str), durable=False)
+        except OSError as exc:
+            self.log(f"warning: could not answer a request: {exc}")
+
+    def _do(self, request: dict) -> dict:
+        op, sid = request.get("op"), request.get("session")
+        if op not in ("exec", "kernel"):
+            raise PrimefsError(f"unknown request {op!r}")
+        if not isinstance(sid, str) or not NAME_RE.fullmatch(sid) or not self.turns.tree.knows(sid):
+            raise PrimefsError(f"the runner does not know session {sid!r}")
+        agent = self.turns.agent(sid)
+        if op == "kernel":
+            return self._with_kernel(agent, lambda: self._connection(agent))
+        code = request.get("code")
+        if not isinstance(code, str) or not code.strip():
+            raise PrimefsError("no code to run")
+        return self._with_kernel(agent, lambda: self._exec(agent, code))
+
+    def _with_kernel(self, agent, fn) -> dict:
+        """Run fn with the session's kernel to ourselves: at once when no turn runs (starting the kernel,
+        with its variables restored, if it is not up), else between two steps of the turn."""
+        deadline, busy = time.monotonic() + BUSY_WAIT_S, True
+        while True:
+            if agent.turn_lock.acquire(blocking=False):
+                try:
+                    with agent.kernel_lock:
+                        agent.ensure_conversation()
+                        agent.ensure_kernel()
+                        return fn()
+                finally:
+                    agent.turn_lock.release()
+                    self.turns.park(agent)
+            if agent.kernel_lock.acquire(timeout=0.2):  # between two steps of the turn
+                busy = False
+                try:
+                    if agent.kernel.running():
+                        return fn()
+                finally:
+                    agent.kernel_lock.release()
+                time.sleep(0.05)  # the turn is starting (or restarting) its kernel: look again
+            if time.monotonic() > deadline:
+                raise PrimefsError(f"the session's kernel has been running a cell of its turn for {BUSY_WAIT_S:g} s; "
+                                   "try again later (or primefs stop it)" if busy else
+                                   "the session's kernel did not come up (its turn is starting or restarting it); "
+                                   "try again")
+
+    def _exec(self, agent, code: str) -> dict:
+        """The user's code in the session's kernel, recorded in its history as the user's (the model is
+        not told: it sees what the code changed, in its kernel)."""
+        res = agent.kernel.execute(code, timeout=float(agent.limits["cell_timeout_s"]))
+        limit = int(agent.limits["output_chars"])
+        agent.record("exec", by="user", code=code, output=cut(res.output, limit),
+                     error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
+                     restarted=res.restarted, elapsed_s=res.elapsed_s)
+        return {"ran": not res.not_run, "output": res.output, "error": res.error, "timed_out": res.timed_out,
+                "restarted": res.restarted, "elapsed_s": res.elapsed_s}
+
+    def _connection(self, agent) -> dict:
+        if not self.ws.config.get("kernel_connect"):
+            raise PrimefsError("kernel connection files are off in this workspace: set `kernel_connect: true` in "
+                               "primefs.yaml first (docs/cli.md, `primefs kernel`: whoever can read the file can "
+                               "run code as you)")
+        info = agent.kernel.handle.connection()
+        if info is None:
+            raise PrimefsError(f"the session's kernel runs on {agent.kernel.handle.node}, not on this machine: "
+                               "no connection file for it")
+        folder = self.ws.runtime / "connect"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"kernel-{agent.session.id}.json"
+        write_atomic(path, json.dumps({**info, "kernel_name": "python3"}, indent=1), durable=False)
+        os.chmod(path, 0o600)
+        agent.record("kernel_connect", by="user", file=str(path))  # who else may be in this kernel
+        self.connected.add(agent.session.id)
+        return {"connection_file": str(path), "pid": agent.kernel.handle.pid}

@@ -1,0 +1,300 @@
+"""Turns: what happens to a session between its turns. What starts a turn (its task, mail, a resumed
+turn after a runner restart, an autonomous goal going on), how a turn ends (the goal's verdict, the
+result mail to the parent, a snapshot, a commit), stops, and which idle sessions keep a kernel."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable
+
+from primefs.errors import PrimefsError
+from primefs.harness.refine import run_refine
+from primefs.kernels.client import close_thread_loop
+from primefs.runner.agent import Agent
+from primefs.runner.bell import Bell
+from primefs.runner.goalctl import GoalControl
+from primefs.runner.postoffice import PostOffice
+from primefs.runner.scheduler import Scheduler
+from primefs.runner.tree import SessionTree
+from primefs.store.conversation import INTERRUPTED, RESUMED, fenced_code
+from primefs.store.gitops import Committer, Mark
+from primefs.store.session import Session
+from primefs.tracing import spans as tracing
+
+
+class Turns:
+    def __init__(self, ws, tree: SessionTree, post: PostOffice, scheduler: Scheduler, goals: GoalControl,
+                 bell: Bell, make_agent: Callable[[Session], Agent], commit_hand_edits: Callable[[], None], log):
+        self.ws, self.tree, self.post, self.scheduler, self.goals, self.bell = ws, tree, post, scheduler, goals, bell
+        self.make_agent, self.commit_hand_edits, self.log = make_agent, commit_hand_edits, log
+        self.committer: Committer | None = None
+        self.agents: dict[str, Agent] = {}
+        self.failed: set[str] = set()  # sessions that failed under this runner (`run --once` exit code)
+        self._lock = threading.Lock()
+        self._idle: OrderedDict[str, None] = OrderedDict()  # idle sessions holding a kernel, oldest first
+        self.max_idle_kernels = int(ws.limits()["max_idle_kernels"])
+
+    def agent(self, sid: str) -> Agent:
+        with self._lock:
+            a = self.agents.get(sid)
+            if a is None:
+                a = self.agents[sid] = self.make_agent(self.tree.session(sid))
+            return a
+
+    def turns_of(self, sid: str) -> int:
+        a = self.agents.get(sid)
+        if a is not None and a.messages is not None:
+            return a.turns
+        return self.tree.session(sid).summary()["turns"]  # its summary: no history read whole
+
+    # -- the worker -------------------------------------------------------------------------------
+    def work(self, sid: str) -> bool:
+        """A scheduler worker: turns until the session has no input left. True if more came meanwhile."""
+        agent = None
+        try:
+            agent = self.agent(sid)
+            with agent.turn_lock:
+                with self._lock:
+                    self._idle.pop(sid, None)
+                while not self.bell.stopping and self._begin_turn(agent):
+                    self._turn(agent)
+        except Exception as exc:  # never let one session take the runner down
+            self.log(f"error in session {sid}: {type(exc).__name__}: {exc}")
+            if not self.bell.stopping:  # torn down under it: resumable, not failed
+                self._fail(sid, exc)
+            return False  # the mail that was waiting would fail it again at once: new mail wakes it
+        finally:
+            if agent is not None and not self.bell.stopping:
+                self.park(agent)
+            close_thread_loop()  # this thread ends with this call (scheduler.py): its asyncio loop with it
+        if self.bell.stopping:
+            return False
+        try:
+            return self.post.has_new(sid) and self.tree.session(sid).reload().get("status") != "stopped"
+        except (OSError, PrimefsError):
+            return False
+
+    def _fail(self, sid: str, exc: Exception) -> None:
+        try:
+            s = self.tree.session(sid)
+            s.history.append("error", error=f"{type(exc).__name__}: {exc}")
+            s.set_status("failed", error=f"{type(exc).__name__}: {exc}", stop_reason="error")
+            self.failed.add(sid)
+            self.report_to_parent(s, None)
+        except Exception:
+            pass
+
+    def _begin_turn(self, agent: Agent) -> bool:
+        """Record what starts the next turn; False if there is nothing to do."""
+        s = agent.session
+        status = s.reload().get("status")
+        agent.ensure_conversation()
+        agent.resuming = False
+        if status == "stopped" or agent.stop_requested:
+            return False
+        if agent.turns == 0 and not s.events("task"):
+            agent.record("task", text=s.task)
+            return True
+        if status == "running":  # the previous runner stopped mid-turn: the same turn goes on
+            self._close_interrupted_cells(agent)
+            agent.record("notice", text=RESUMED)
+            agent.resuming = agent.turns > 0
+            return True
+        if status == "pending":  # its task is recorded but its first turn never started
+            return True
+        if agent.pending_notice:  # an autonomous goal goes on
+            agent.record("notice", text=agent.pending_notice)
+            agent.pending_notice = None
+            return True
+        return self.post.take_mail(agent) > 0 or _unanswered_input(agent)
+
+    def _close_interrupted_cells(self, agent: Agent) -> None:
+        """Code the model asked for that never reported back (the runner died mid-cell) gets an
+        answer, so the conversation stays well-formed (every tool call answered)."""
+        events = agent.session.events()
+        last = max((i for i, e in enumerate(events) if e["type"] == "assistant"), default=None)
+        if last is None:
+            return
+        done_ids = {e.get("call_id") for e in events[last + 1:] if e["type"] == "cell"}
+        text = "[interrupted: the runner restarted during this cell]"
+        calls = events[last].get("calls") or []
+        if calls:
+            for c in calls:
+                if c["id"] not in done_ids:
+                    agent.record("cell", call_id=c["id"], code=None, error=INTERRUPTED, shown=text)
+        elif not any(e["type"] == "cell" for e in events[last + 1:]) and fenced_code(events[last].get("text") or ""):
+            agent.record("cell", call_id=None, code=None, error=INTERRUPTED, shown=text)
+
+    def _turn(self, agent: Agent) -> None:
+        """One turn, from `turn_start` to `turn_end`."""
+        resumed = agent.resuming
+        if not resumed:
+            agent.turns += 1
+        s = agent.session
+        if not s.meta.get("started_ts"):
+            s.update(started_ts=time.time())  # the seconds budget counts from here
+        s.set_status("running", stop_reason=None)
+        start = agent.record("turn_start", turn=agent.turns, model=agent.settings["model"],
+                             **({"resumed": True} if resumed else {}))
+        with tracing.turn(s, start) as span:
+            span.done(self._run_turn(agent, agent.turns, resumed))
+
+    def _run_turn(self, agent: Agent, turn: int, resumed: bool) -> dict:
+        """The turn `_turn` started; returns its `turn_end` event."""
+        s = agent.session
+        self.log(f"{s.id} ({s.name}): turn {turn} " + ("resumed" if resumed else "started"))
+        started = time.monotonic()
+        outcome = agent.run_turn()
+        elapsed = round(time.monotonic() - started, 4)
+        if outcome == "interrupted":
+            end = agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status="running",
+                               stop_reason=None)
+            s.summary()
+            self._commit(s, f"turn {turn} interrupted")
+            return end
+        if agent.pending_refine:
+            request, agent.pending_refine = agent.pending_refine, None
+            self.refine(agent, **request)
+        agent.pending_notice = self.goals.after_turn(agent, outcome)
+        if agent.kernel.mode == "turn":
+            agent.kernel.snapshot("turn")
+        end = agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status=s.status,
+                           stop_reason=s.meta.get("stop_reason"))
+        s.summary()  # summaries are written at turn ends and status changes, not at every event
+        self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
+        if s.status == "failed":
+            self.failed.add(s.id)
+        self.report_to_parent(s, turn)
+        self.commit_hand_edits()
+        self._commit(s, f"turn {turn} {outcome}")
+        return end
+
+    def _commit(self, s: Session, what: str) -> None:
+        if self.committer is None:
+            return
+        paths = [f"sessions/{s.id}"]
+        goal = s.meta.get("goal")
+        if goal and (self.ws.root / goal).exists():
+            paths.append(goal)
+        mark = Mark(s.id, s.name, what, goal)
+        for p in paths:
+            self.committer.request(p, f"session {s.id} ({s.name}): {what}", mark)
+
+    def report_to_parent(self, s: Session, turn: int | None) -> None:
+        """A child's turn ended: its result (or error) goes to the parent's mail as `kind: result`."""
+        parent = s.meta.get("parent")
+        if not parent or s.id in self.tree.chain(parent):  # a cycle of parents: the result would go round
+            return
+        result = s.read_result() if s.meta.get("stop_reason") in ("answered", "done") else None
+        text = result if result is not None else f"(no result: {s.meta.get('error') or s.meta.get('stop_reason')})"
+        self.post.deliver(parent, sender=s.id, kind="result", text=text,
+                          extra={"child": s.id, "name": s.name, "status": s.status, "turn": turn})
+
+    def refine(self, agent: Agent, **request) -> dict:
+        return run_refine(self.ws, agent, self.tree.chain(agent.session.id), self.log, **request)
+
+    # -- events from outside ----------------------------------------------------------------------
+    def mail_arrived(self, sid: str) -> None:
+        """New mail for `sid`: queue a turn unless it runs now (it reads its mail) or is stopped."""
+        if self.scheduler.busy(sid):
+            return
+        try:
+            s = self.tree.session(sid)
+            if (s.dir / "session.yaml").exists() and s.reload().get("status") != "stopped" and self.post.has_new(sid):
+                self.scheduler.add(sid)
+        except (PrimefsError, OSError) as exc:
+            self.log(f"warning: session {sid}: {exc}")
+
+    def stop(self, sid: str) -> None:
+        """Stop a session now, or at its next step if a turn runs."""
+        with self.bell.cond:
+            running = sid in self.scheduler.active
+            if not running:
+                self.scheduler.queued.discard(sid)
+        if running:
+            agent = self.agent(sid)
+            agent.stop_requested = True
+            agent.kernel.interrupt()
+            self.bell.ring()
+            return
+        s = self.tree.session(sid)
+        if s.reload().get("status") != "stopped":
+            s.set_status("stopped", stop_reason="stopped")
+            self.report_to_parent(s, None)
+
+    def refine_request(self, sid: str, request: dict) -> None:
+        """`primefs refine` while this runner runs: done at the end of a running turn, else now."""
+        agent = self.agent(sid)
+        if self.scheduler.busy(sid):
+            agent.pending_refine = request
+            return
+        threading.Thread(target=self.refine, args=(agent,), kwargs=request, daemon=True).start()
+
+    # -- kernels of idle sessions -----------------------------------------------------------------
+    def park(self, agent: Agent) -> None:
+        """Keep an idle session's kernel for its next turn, within limits.max_idle_kernels: the oldest
+        idle ones are snapshotted and shut down (their next turn restores them)."""
+        if not agent.kernel.running():
+            return
+        if agent.retire_kernel:  # asked for during the turn
+            why, agent.retire_kernel = agent.retire_kernel, None
+            agent.kernel.shutdown(snapshot="idle")
+            agent.kernel_gone = why
+            return
+        if agent.session.status == "stopped":
+            agent.kernel.shutdown(snapshot="stopped")
+            return
+        sid = agent.session.id
+        with self._lock:
+            self._idle[sid] = None
+            self._idle.move_to_end(sid)
+            evict = []
+            while len(self._idle) > self.max_idle_kernels:
+                evict.append(self._idle.popitem(last=False)[0])
+        for old in evict:
+            threading.Thread(target=self.evict, args=(self.agents[old],), name=f"evict-{old}", daemon=True).start()
+
+    def evict(self, agent: Agent, why: str = "it was shut down while the session was idle") -> bool:
+        """Snapshot and shut down an idle session's kernel; False if a turn holds it (it keeps it)."""
+        if not agent.turn_lock.acquire(blocking=False):
+            return False
+        try:
+            if agent.kernel.running():
+                agent.kernel.shutdown(snapshot="idle")
+                agent.kernel_gone = why
+        finally:
+            agent.turn_lock.release()
+        return True
+
+    def retire_kernel(self, agent: Agent, why: str) -> None:
+        """This session's kernel must go (e.g. its connection file was revoked): now if it is idle, else
+        when its turn ends."""
+        if not self.evict(agent, why):
+            agent.retire_kernel = why
+
+    def shutdown_kernels(self) -> None:
+        """Runner stop: every kernel is snapshotted, then shut down (in parallel)."""
+        threads = [threading.Thread(target=a.kernel.shutdown, kwargs={"snapshot": "stop"}, daemon=True)
+                   for a in list(self.agents.values()) if a.kernel.handle is not None]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+
+    def interrupt_all(self) -> None:
+        for a in list(self.agents.values()):
+            try:
+                a.kernel.interrupt()
+            except Exception:  # already gone
+                pass
+
+
+def _unanswered_input(agent: Agent) -> bool:
+    """A message recorded after the last turn ended, with no turn since: a runner died in between."""
+    for e in reversed(agent.session.events()):
+        if e["type"] in ("turn_end", "turn_start"):
+            return False
+        if e["type"] == "message" and not e.get("read_by"):
+            return True
+    return False

@@ -1,0 +1,57 @@
+"""The runner's file watch: watchdog events on goals/ and harness/, and inotify events on sessions/ and
+the folders of awake sessions (alive.py), become hints (a path to look at now). Events are hints only:
+the runner also looks at everything that is alive every few seconds."""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Callable
+
+from primefs.runner.liverequests import requests_dir
+
+
+class Watch:
+    def __init__(self, observer, alive):
+        self.observer, self.alive = observer, alive
+
+    def stop(self) -> None:
+        self.observer.stop()
+        self.alive.stop_watch()
+
+
+def watch(ws, alive, on_path: Callable[[Path], None]) -> Watch:
+    """Start watching, calling `on_path(path)` for every change; returns the watch (call .stop())."""
+    from watchdog.events import (
+        DirCreatedEvent,
+        DirDeletedEvent,
+        DirMovedEvent,
+        FileClosedEvent,
+        FileCreatedEvent,
+        FileDeletedEvent,
+        FileMovedEvent,
+        FileSystemEventHandler,
+    )
+    from watchdog.observers import Observer
+
+    # watchdog warns when a new folder's watch is added twice (harmless: events are hints)
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"watchdog\..*")
+
+    class Hint(FileSystemEventHandler):
+        def on_any_event(self, event):
+            on_path(Path(os.fsdecode(getattr(event, "dest_path", "") or event.src_path)))
+
+    # Files appearing, renamed, closed after writing or removed: not opens, reads or appends (the
+    # runner reads and appends all the time; those events would cost more than the work itself).
+    changes = [FileCreatedEvent, FileMovedEvent, FileClosedEvent, FileDeletedEvent, DirCreatedEvent,
+               DirMovedEvent, DirDeletedEvent]
+    observer = Observer()
+    observer.schedule(Hint(), str(ws.goals), recursive=False, event_filter=changes)
+    observer.schedule(Hint(), str(ws.harness), recursive=True, event_filter=changes)
+    requests = requests_dir(ws)  # `primefs exec` / `primefs kernel`
+    requests.mkdir(parents=True, exist_ok=True)
+    observer.schedule(Hint(), str(requests), recursive=False, event_filter=changes)
+    observer.daemon = True
+    observer.start()
+    alive.start_watch(on_path)  # not watchdog on sessions/: its recursive watch grows with every session
+    return Watch(observer, alive)

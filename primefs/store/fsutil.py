@@ -1,0 +1,196 @@
+"""Small durable file operations shared by sessions, goals and mail. Every text file primefs writes into a
+workspace goes through `write_atomic` or `write_new`, which redact known secrets first (redact.py)."""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+
+from primefs.errors import PrimefsError
+from primefs.store import redact
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Names from outside become file names: refuse anything that could escape a folder."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
+        raise PrimefsError(f"invalid {what} {name!r}: use letters, digits, '.', '_' or '-' (max 128), "
+                           "starting with a letter or digit")
+    return name
+
+
+class NotRegular(OSError):
+    """A FIFO, device, socket or folder where a regular file belongs."""
+
+
+def open_regular(path, mode: str = "rb", follow: bool = False):
+    """Open a regular file without ever blocking or being led elsewhere: a FIFO, device or socket in its
+    place (and, unless `follow`, a symbolic link) raises OSError instead of hanging the reader or
+    reading another file. `mode`: "rb", "r" (UTF-8, errors replaced) or "rb+"."""
+    flags = (os.O_RDWR if "+" in mode else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        if "b" in mode:
+            return os.fdopen(fd, mode)
+        return os.fdopen(fd, mode, encoding="utf-8", errors="replace")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def walk_tree(top):
+    """Everything below the folder `top` as (relative path, kind, st, value), read through folder
+    descriptors so that nothing is reached through a link, even one swapped in while the walk runs (a
+    live kernel may be changing its room): kind "dir"; "file" (value: a function that opens it, binary,
+    to be called before the next item); "link" (value: its target, never followed); "other" (FIFOs,
+    sockets, devices: never opened). Folders that are links are listed as links, not entered."""
+    for folder, dirs, files, dirfd in os.fwalk(top, follow_symlinks=False):
+        rel = os.path.relpath(folder, top)
+        base = "" if rel == "." else rel + "/"
+        if base:
+            yield base.rstrip("/"), "dir", os.fstat(dirfd), None
+        for name in sorted(dirs + files):
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            if stat.S_ISDIR(st.st_mode):
+                continue  # entered by fwalk (and listed there)
+            if stat.S_ISLNK(st.st_mode):
+                try:
+                    yield base + name, "link", st, os.readlink(name, dir_fd=dirfd)
+                except OSError:
+                    pass
+            elif stat.S_ISREG(st.st_mode):
+                yield base + name, "file", st, _opener(name, dirfd)
+            else:
+                yield base + name, "other", st, None
+
+
+def _opener(name: str, dirfd: int):
+    def open_it():
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise NotRegular(errno.EINVAL, "not a regular file", name)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    return open_it
+
+
+def read_regular(path, follow: bool = False) -> str:
+    """A regular file's text (UTF-8, errors replaced); OSError as open_regular() raises it."""
+    with open_regular(path, "r", follow) as f:
+        return f.read()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str, durable: bool = True) -> None:
+    """Write via a temp file and rename, so readers never see a half-written file. Known secrets are
+    replaced by [redacted] first."""
+    path = Path(path)
+    text = redact.text(text)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; workspace files are ordinary files
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def ring(session_dir: Path) -> None:
+    """The doorbell: tell a running runner to look at this session now, by touching its folder. The
+    runner watches sessions/ itself, not every session's folders, and inotify reports a changed folder
+    to its parent's watch: a finished session the runner has not loaded is looked at at once (alive.py).
+    Best effort: without it, the runner's periodic look finds the change a few seconds later."""
+    try:
+        os.utime(session_dir)
+    except OSError:
+        pass
+
+
+def write_new(path: Path, text: str) -> bool:
+    """Create `path` with `text` atomically and durably; False if it already exists (never overwrites).
+    Known secrets are replaced by [redacted] first."""
+    path = Path(path)
+    text = redact.text(text)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        fsync_dir(path.parent)
+        return True
+    finally:
+        os.unlink(tmp)
+
+
+def read_json_dict(path: Path) -> dict:
+    """A JSON object from a runtime file; {} when it is missing, broken or not an object."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def open_for_writing(path: Path) -> bool:
+    """Whether a process (that we may look at) has `path` open for writing: Linux /proc, best effort;
+    elsewhere always False. A file a person is still writing (`cat > goals/x.md`) is not read yet."""
+    try:
+        target = os.stat(path)
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"{fd_dir}/{fd}")
+                if (st.st_ino, st.st_dev) != (target.st_ino, target.st_dev):
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                    flags = int(next(line for line in info if line.startswith("flags:")).split()[1], 8)
+            except (OSError, StopIteration, ValueError):
+                continue
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                return True
+    return False

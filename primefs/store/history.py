@@ -1,0 +1,287 @@
+"""history.jsonl: an append-only event log, one small JSON object per line.
+
+Each record is written with one O_APPEND write, so concurrent appends never interleave and a
+crash can tear at most the last line. Readers skip a torn last line; a writer that opens the
+log truncates a torn tail before appending (see design notes: big single writes tear on SIGKILL,
+so large outputs should be kept short or stored as separate files).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from primefs.store import livefeed, redact
+from primefs.store.fsutil import NotRegular, open_regular
+
+
+def now() -> float:
+    return round(time.time(), 6)
+
+
+class History:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._seq: int | None = None
+
+    def _open(self) -> int:
+        if self._fd is None:
+            repair_tail(self.path)
+            self._seq = sum(1 for _ in iter_events(self.path))
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted in its place: refuse, never block
+                os.close(fd)
+                raise NotRegular(errno.EINVAL, "not a regular file", str(self.path))
+            os.set_blocking(fd, True)
+            self._fd = fd
+        return self._fd
+
+    def append(self, type: str, **fields) -> dict:
+        """Append an event; returns it (with `ts`, `type` and a per-session sequence number `n`).
+        Known secrets in its fields are redacted first (redact.py)."""
+        fields = redact.value(fields)
+        with self._lock:
+            fd = self._open()
+            event = {"ts": now(), "type": type, "n": self._seq, **fields}
+            # a lone surrogate (a file name that is no UTF-8) goes in as its JSON escape, read back as U+FFFD
+            os.write(fd, (json.dumps(event, ensure_ascii=False, default=str) + "\n").encode("utf-8", "backslashreplace"))
+            self._seq += 1
+        if livefeed._listeners:  # `run -v` in this process
+            livefeed.publish(self.path.parent.name, event)
+        return event
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def repair_tail(path: Path) -> bool:
+    """Cut a torn (unterminated) last line left by a crash. Returns True if it cut something."""
+    try:
+        with open_regular(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return False
+            f.seek(max(0, size - 1))
+            if f.read(1) == b"\n":
+                return False
+            # find the start of the torn line
+            pos, chunk = size, 65536
+            while pos > 0:
+                start = max(0, pos - chunk)
+                f.seek(start)
+                data = f.read(pos - start)
+                i = data.rfind(b"\n")
+                if i >= 0:
+                    f.truncate(start + i + 1)
+                    return True
+                pos = start
+            f.truncate(0)
+            return True
+    except OSError:  # missing, or not a regular file (the writer refuses it)
+        return False
+
+
+def iter_events(path: Path) -> Iterator[dict]:
+    """Every complete event; a torn or garbled line is skipped."""
+    try:
+        f = open_regular(path)
+    except OSError:  # missing, or not a regular file: no events
+        return
+    with f:
+        yield from events_of(f)
+
+
+def parse_event(line: bytes) -> dict | None:
+    """One history line as an event, or None for a garbled one: not JSON, nested too deep, not an
+    object, no text `type`, a `ts` that is no time (NaN, 1e308, a string), a field readers rely on
+    missing or of the wrong type (SHAPES). Lone surrogates (a legal JSON
+    escape, which nothing can print or store) become U+FFFD. Every reader of history lines uses this."""
+    try:
+        e = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(e, dict) or not isinstance(e.get("type"), str):
+        return None
+    ts = e.get("ts")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts < MAX_TS):
+        return None
+    if not _well_typed(e):
+        return None
+    if b"\\ud" in line or b"\\uD" in line:
+        e = mend_surrogates(e)
+    return e
+
+
+MAX_TS = 1e11  # year 5138: a time past it is not one
+STR, OPT = (str,), (str, type(None))
+# The fields readers rely on (the conversation, seen mail, compaction), by event type: (types, required).
+# Any other field is read with .get() and its type checked where it is used.
+SHAPES = {
+    "*": {"n": ((int,), False), "text": (OPT, False), "error": (OPT, False)},
+    "task": {"text": (STR, True)},
+    "notice": {"text": (STR, True)},
+    "message": {"id": (STR, True), "from": (STR, True), "kind": (STR, True), "text": (STR, True)},
+    "assistant": {"calls": ((list, type(None)), False)},
+    "cell": {"call_id": (OPT, False), "shown": (STR, True)},
+    "compaction": {"summary": (STR, True), "upto_n": ((int,), True)},
+}
+
+
+def _well_typed(e: dict) -> bool:
+    for shape in (SHAPES["*"], SHAPES.get(e["type"], {})):
+        for field, (types, required) in shape.items():
+            if field in e:
+                if isinstance(e[field], bool) or not isinstance(e[field], types):
+                    return False
+            elif required:
+                return False
+    calls = e.get("calls") if e["type"] == "assistant" else None
+    return not calls or all(isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("id", "name", "arguments"))
+                            for c in calls)
+
+
+def mend_surrogates(value):
+    """Strings anywhere in JSON data, lone surrogates replaced by U+FFFD (iteratively: no depth limit)."""
+    def fix(s):
+        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if isinstance(s, str) else s
+
+    root = [value]
+    stack = [(root, 0)]
+    while stack:
+        holder, key = stack.pop()
+        v = holder[key]
+        if isinstance(v, str):
+            holder[key] = fix(v)
+        elif isinstance(v, list):
+            stack.extend((v, i) for i in range(len(v)))
+        elif isinstance(v, dict):
+            fixed = {fix(k): v[k] for k in v}
+            v.clear()
+            v.update(fixed)
+            stack.extend((v, k) for k in v)
+    return root[0]
+
+
+def events_of(f) -> Iterator[dict]:
+    """The complete events of an open binary file of JSON lines; a torn or garbled line is skipped."""
+    for line in f:
+        if not line.endswith(b"\n"):
+            break
+        e = parse_event(line)
+        if e is not None:
+            yield e
+
+
+def iter_lines(f, start: int, end: int, chunk: int = 1 << 22) -> Iterator[tuple[int, bytes]]:
+    """(offset just past the line, the line) for every complete line of an open binary file between
+    `start` (a line start) and `end`; an unterminated last line is not yielded. Reads in chunks, so a
+    history of any size costs little memory."""
+    f.seek(start)
+    pos, rest = start, b""
+    while pos < end:
+        data = f.read(min(chunk, end - pos))
+        if not data:
+            break
+        pos += len(data)
+        data, cut = rest + data, 0
+        base = pos - len(data)
+        while True:
+            i = data.find(b"\n", cut)
+            if i < 0:
+                break
+            yield base + i + 1, data[cut:i + 1]
+            cut = i + 1
+        rest = data[cut:]
+
+
+CHECK_BYTES = 32  # kept from just before a reader's offset: tells an append from a rewrite
+
+
+def check_at(f, offset: int) -> str:
+    """The bytes just before `offset` of an open history (hex): what a reader that stopped there saw."""
+    start = max(0, offset - CHECK_BYTES)
+    f.seek(start)
+    return f.read(offset - start).hex()
+
+
+def still_there(f, offset: int, check: str, size: int) -> bool:
+    """Whether a reader that stopped at `offset` (seeing `check` before it) can go on from there: the
+    file was only appended to since, not cut or rewritten."""
+    return offset <= size and (offset == 0 or check_at(f, offset) == check)
+
+
+def read_events(path: Path, type: str | None = None) -> list[dict]:
+    return [e for e in iter_events(path) if type is None or e.get("type") == type]
+
+
+def line_start(path: Path, size: int) -> int:
+    """Offset just past the last newline at or before `size` (0 if none)."""
+    if size == 0:
+        return 0
+    try:
+        with open_regular(path) as f:
+            pos = size
+            while pos > 0:
+                start = max(0, pos - 65536)
+                f.seek(start)
+                i = f.read(pos - start).rfind(b"\n")
+                if i >= 0:
+                    return start + i + 1
+                pos = start
+    except OSError:
+        pass
+    return 0
+
+
+class HistoryReader:
+    """Incremental reader of one history.jsonl: each `read()` returns the complete events appended since."""
+
+    def __init__(self, path: Path, pos: int = 0):
+        self.path = Path(path)
+        self.pos = pos  # just past the last complete line consumed
+
+    def size(self) -> int:
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            return 0
+
+    def read(self) -> list[dict]:
+        size = self.size()
+        if size < self.pos:  # truncated (a torn tail repaired): go on from the new end
+            self.pos = self._line_start(size)
+        if size == self.pos:
+            return []
+        try:
+            with open_regular(self.path) as f:
+                f.seek(self.pos)
+                data = f.read(size - self.pos)
+        except OSError:
+            return []
+        end = data.rfind(b"\n")
+        if end < 0:  # only a torn line so far: wait for its newline
+            return []
+        self.pos += end + 1
+        events = []
+        for line in data[: end + 1].splitlines():
+            event = parse_event(line)  # a garbled line: skipped, like history.iter_events
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _line_start(self, size: int) -> int:
+        return line_start(self.path, size)
+
+    def seek_end(self) -> None:
+        """Skip what is there now (a torn last line is kept, to be read when complete)."""
+        self.pos = self._line_start(self.size())

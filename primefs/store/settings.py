@@ -1,0 +1,375 @@
+"""What settings may hold: limits, primefs.yaml, session.yaml, the sandbox. Every check names the file,
+the key and the allowed range; numbers must be finite (no NaN, no infinity) and within bounds."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from primefs.errors import PrimefsError
+
+SECRET_LEN = 8  # shorter values (`none`, `x`) are no secrets: redact.py ignores them too
+ABOVE_ZERO = -0.0  # as a lowest bound: the value must be above 0 (a 0 timeout would hang or stop all)
+
+# key: (default, kind, lowest, highest). kind "int" takes whole numbers (5.0 too), "num" any number.
+LIMITS = {
+    "cell_timeout_s":          (120,  "num", ABOVE_ZERO, 7 * 86400),
+    "output_chars":            (8000, "int", 0, 10_000_000),
+    "max_steps_per_turn":      (30,   "int", 1, 100_000),
+    "model_retries":           (3,    "int", 0, 100),
+    "model_retry_backoff_s":   (1.0,  "num", 0, 3600),
+    "model_timeout_s":         (600,  "num", ABOVE_ZERO, 86400),
+    "stream_idle_timeout_s":   (120,  "num", ABOVE_ZERO, 86400),
+    "max_depth":               (3,    "int", 0, 100),
+    "max_concurrent_sessions": (4,    "int", 1, 1000),
+    "max_idle_kernels":        (8,    "int", 0, 10_000),
+    "llm_batch_concurrency":   (8,    "int", 1, 256),
+    "memory_prompt_chars":     (4000, "int", 0, 1_000_000),
+    "refine_events":           (60,   "int", 0, 100_000),
+    "compact_at_tokens":       (0,    "int", 0, 100_000_000),  # 0: 3/4 of the model's input window
+    "tool_timeout_s":          (60,   "num", ABOVE_ZERO, 86400),
+    "snapshot":                ("turn", ("turn", "idle", "off"), None, None),
+    "snapshot_max_mb":         (256,  "num", ABOVE_ZERO, 1_000_000),
+}
+DEFAULT_LIMITS = {k: v[0] for k, v in LIMITS.items()}
+CHOICES = {k: v[1] for k, v in LIMITS.items() if isinstance(v[1], tuple)}
+# Limits of earlier versions, accepted and ignored: kernels are no longer pooled or handed on.
+RETIRED = {"kernel_pool", "reuse_kernels"}
+TOOL_MODES = ("native", "fenced")
+STATUSES = ("pending", "running", "idle", "done", "failed", "stopped")
+FINISHED = ("idle", "done", "failed", "stopped")  # no turn running or waiting to run (mail may start one)
+
+
+def number(value, where: str, kind: str, low, high):
+    """A finite number of the kind, within [low, high] (low -0.0: above 0). Returns it (ints as int)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PrimefsError(f"{where} must be a finite number, not {value!r}")
+    if kind == "int":
+        if value != int(value):
+            raise PrimefsError(f"{where} must be a whole number, not {value!r}")
+        value = int(value)
+    positive = low == 0 and math.copysign(1, low) < 0
+    if (positive and value <= 0) or value < low or value > high:
+        shown = f"above 0 and at most {high:g}" if positive else f"between {low:g} and {high:g}"
+        raise PrimefsError(f"{where} must be {shown}, not {value!r}")
+    return value
+
+
+def kind_of(value) -> str:
+    """What a YAML value is, in the user's words (not ruamel's class names)."""
+    for types, word in ((bool, "true/false"), (dict, "a mapping"), ((list, tuple), "a list"), (str, "text"),
+                        ((int, float), "a number")):
+        if isinstance(value, types):
+            return word
+    return "nothing" if value is None else type(value).__name__
+
+
+def check_limits(limits, where: str) -> dict:
+    """Known keys, finite numbers in range (or one of the choices). Returns the checked values."""
+    if not isinstance(limits, dict):
+        raise PrimefsError(f"{where}: `limits:` must be a mapping of limit: value, not {kind_of(limits)}")
+    out = {}
+    for key, value in limits.items():
+        if key in RETIRED:
+            continue
+        if key not in LIMITS:
+            raise PrimefsError(f"{where}: unknown limit {key!r} (known: {', '.join(LIMITS)})")
+        _, kind, low, high = LIMITS[key]
+        if isinstance(kind, tuple):
+            if value not in kind:
+                raise PrimefsError(f"{where}: limit {key} must be one of {', '.join(kind)}, not {value!r}")
+            out[key] = value
+        else:
+            out[key] = number(value, f"{where}: limit {key}", kind, low, high)
+    return out
+
+
+def _text(value, where: str, limit: int = 4096) -> str:
+    if not isinstance(value, str) or "\0" in value or len(value) > limit:
+        raise PrimefsError(f"{where} must be text (at most {limit} characters, no NUL), not {_short(value)}")
+    return value
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# -- primefs.yaml ---------------------------------------------------------------------------------
+def check_config(data, where: str = "primefs.yaml", root: Path | None = None) -> dict:
+    """The whole primefs.yaml: a mapping; model, models, limits, mcp_servers and sandbox well formed."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PrimefsError(f"{where}: must be a YAML mapping (key: value lines)")
+    if data.get("model") is not None:
+        _text(data["model"], f"{where}: model", 256)
+    models = data.get("models")
+    if models is not None:
+        if not isinstance(models, dict):
+            raise PrimefsError(f"{where}: `models:` must be a mapping of alias: settings")
+        for alias, settings in models.items():
+            check_alias(alias, settings, where)
+            key_file = (settings or {}).get("api_key_file")
+            if key_file and root is not None and Path(key_file).expanduser().resolve().is_relative_to(Path(root).resolve()):
+                raise PrimefsError(f"{where}: models.{alias}.api_key_file must be outside the workspace (every "
+                                   "kernel reads the workspace)")
+    if data.get("limits") is not None:
+        check_limits(data["limits"], where)
+    if data.get("sandbox") is not None:
+        check_sandbox(data["sandbox"], where, root)
+    if data.get("mcp_servers") is not None:
+        from primefs.tools.mcp import check_servers
+
+        check_servers(data["mcp_servers"])
+    if data.get("hosts") is not None:
+        check_hosts(data["hosts"], where)
+    if data.get("kernel_connect") is not None and not isinstance(data["kernel_connect"], bool):
+        raise PrimefsError(f"{where}: kernel_connect must be true or false")
+    return data
+
+
+def check_alias(alias, settings, where: str) -> None:
+    _text(alias, f"{where}: a model alias name", 128)
+    if not alias.strip() or not alias.isprintable():  # it is named on command lines and in one-line errors
+        raise PrimefsError(f"{where}: a model alias name must be printable text on one line, not {_short(alias)}")
+    at = f"{where}: models.{alias}"
+    if settings is None:
+        settings = {}
+    if not isinstance(settings, dict):
+        raise PrimefsError(f"{at} must be a mapping (model: ..., tool_mode: ...)")
+    for key in ("model", "api_key_env", "api_key_file", "provider", "script", "api_base", "api_key"):
+        if settings.get(key) is not None:
+            _text(settings[key], f"{at}.{key}")
+    if settings.get("api_key") is not None and len(settings["api_key"]) >= SECRET_LEN:
+        raise PrimefsError(f"{at}.api_key: a key written in primefs.yaml can be read by every kernel (they read "
+                           "the workspace) and is in git's history; name an environment variable of the "
+                           "runner with api_key_env, or a file outside the workspace with api_key_file")
+    if settings.get("tool_mode") is not None and settings["tool_mode"] not in TOOL_MODES:
+        raise PrimefsError(f"{at}.tool_mode must be native or fenced, not {_short(settings['tool_mode'])}")
+    if settings.get("stream") is not None and not isinstance(settings["stream"], bool):
+        raise PrimefsError(f"{at}.stream must be true or false")
+    if settings.get("context_window") is not None:
+        number(settings["context_window"], f"{at}.context_window", "int", 1, 100_000_000)
+    if settings.get("first_reply_grammar") is not None:
+        _text(settings["first_reply_grammar"], f"{at}.first_reply_grammar", 65536)
+        model = str(settings.get("model") or "")
+        if model != "local" and not model.startswith("local/"):
+            raise PrimefsError(f"{at}.first_reply_grammar is for the embedded model (model: local) only, "
+                               f"not {_short(model)}")
+    for key, value in settings.items():  # the rest goes to litellm: plain values only
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PrimefsError(f"{at}.{key} must be a finite number, not {value!r}")
+
+
+# -- the sandbox ----------------------------------------------------------------------------------
+SANDBOX = {  # key: (default, kind, lowest, highest)
+    "network":    (False, "bool", None, None),
+    "memory_mb":  (4096, "int", 64, 1_000_000),
+    "cpu_s":      (3600, "int", 1, 30 * 86400),
+    "processes":  (256, "int", 1, 100_000),
+    "open_files": (1024, "int", 16, 1_000_000),
+    "disk_mb":    (10240, "int", 1, 100_000_000),
+}
+OFF, ON = ("off", "false", "no"), ("on", "true", "yes")  # `sandbox: off` is text to YAML, False to a person
+
+
+def check_sandbox(value, where: str, root: Path | None = None) -> dict | None:
+    """`sandbox:` (primefs.yaml or a goal): on/true, off/false, or a mapping of the keys above (enabled:
+    true implied; `write:` folders a person lets the kernel write, workspace-relative or absolute).
+    Absent (None): on, marked `default` (where the machine has no sandbox, the runner then says so and
+    goes on without one). Returns the full settings, or None for no sandbox."""
+    if value is None:
+        return {**{k: v[0] for k, v in SANDBOX.items()}, "write": [], "default": True}
+    if isinstance(value, str) and value.strip().lower() in OFF + ON:
+        value = value.strip().lower() in ON
+    if value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise PrimefsError(f"{where}: `sandbox:` is on, off, or a mapping of {', '.join(SANDBOX)}, write")
+    if value.get("enabled") is False:
+        return None
+    out = {k: v[0] for k, v in SANDBOX.items()}
+    out["write"] = []
+    for key, v in value.items():
+        if key == "enabled":
+            if not isinstance(v, bool):
+                raise PrimefsError(f"{where}: sandbox.enabled must be true or false")
+            continue
+        if key == "write":
+            out["write"] = _write_grants(v, f"{where}: sandbox.write", root)
+            continue
+        if key not in SANDBOX:
+            raise PrimefsError(f"{where}: unknown sandbox key {key!r} (known: enabled, {', '.join(SANDBOX)}, write)")
+        _, kind, low, high = SANDBOX[key]
+        if kind == "bool":
+            if not isinstance(v, bool):
+                raise PrimefsError(f"{where}: sandbox.{key} must be true or false, not {_short(v)}")
+            out[key] = v
+        else:
+            out[key] = number(v, f"{where}: sandbox.{key}", kind, low, high)
+    return out
+
+
+def _write_grants(value, where: str, root: Path | None) -> list[str]:
+    """Folders a kernel may write besides its room: existing folders, absolute once checked."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or len(items) > 64:
+        raise PrimefsError(f"{where} must be a folder or a list of at most 64 folders")
+    out = []
+    for item in items:
+        _text(item, where, 4096)
+        path = Path(item).expanduser()
+        if not path.is_absolute():
+            if root is None:
+                raise PrimefsError(f"{where}: {item!r} must be an absolute path here")
+            path = Path(root) / path
+        path = path.resolve()
+        if not path.is_dir() or str(path) == "/":
+            raise PrimefsError(f"{where}: {item!r} is not a folder")
+        out.append(str(path))
+    return out
+
+
+# -- where kernels run: hosts and resources -----------------------------------------------------------
+HOST_KINDS = ("local", "ray")
+HOST_KEYS = ("kind", "address", "resources")
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")  # and custom resources: any other name
+RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")
+MEMORY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
+
+
+def check_hosts(value, where: str) -> list[dict]:
+    """`hosts:` in primefs.yaml: a list of {kind: local|ray, address, resources}; at most one of kind ray.
+    Returns the entries with checked values (resources normalized, see check_resources)."""
+    entries = [value] if isinstance(value, dict) else value
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise PrimefsError(f"{where}: `hosts:` must be a list of mappings like "
+                           "{kind: ray, address: auto, resources: {num_cpus: 1}}")
+    out = []
+    for i, entry in enumerate(entries):
+        at = f"{where}: hosts[{i}]"
+        unknown = [k for k in entry if k not in HOST_KEYS]
+        if unknown:
+            raise PrimefsError(f"{at}: unknown key {unknown[0]!r} (known: {', '.join(HOST_KEYS)}; what each kernel "
+                               "needs goes under `resources:`)")
+        if entry.get("kind") not in HOST_KINDS:
+            raise PrimefsError(f"{at}.kind must be one of {', '.join(HOST_KINDS)}, not {_short(entry.get('kind'))}")
+        checked = {"kind": entry["kind"], "resources": check_resources(entry.get("resources") or {}, f"{at}.resources")}
+        if entry["kind"] == "ray":
+            checked["address"] = _text(entry.get("address") or "auto", f"{at}.address", 512)
+        elif entry.get("address") is not None:
+            raise PrimefsError(f"{at}: a host of kind local takes no address")
+        out.append(checked)
+    if sum(e["kind"] == "ray" for e in out) > 1:
+        raise PrimefsError(f"{where}: `hosts:` names more than one host of kind ray (one cluster per runner)")
+    return out
+
+
+def check_resources(value, where: str) -> dict:
+    """What one kernel needs: num_cpus, num_gpus (numbers >= 0), memory (bytes, or text such as 512M, 4GiB)
+    and custom resources of the cluster (name: amount >= 0). Returns {name: number} with memory in bytes."""
+    if not isinstance(value, dict):
+        raise PrimefsError(f"{where} must be a mapping of num_cpus, num_gpus, memory or custom resource names "
+                           f"to amounts, not {_short(value)}")
+    out = {}
+    for key, amount in value.items():
+        if not isinstance(key, str) or not RESOURCE_NAME.fullmatch(key):
+            raise PrimefsError(f"{where}: {_short(key)} is not a resource name (num_cpus, num_gpus, memory, or a "
+                               "custom resource: letters, digits, _ . : -)")
+        if key in ("CPU", "GPU"):
+            raise PrimefsError(f"{where}: write num_{key.lower()}s, not {key}")
+        if key == "memory" and isinstance(amount, str):
+            out[key] = memory_bytes(amount, f"{where}.memory")
+            continue
+        out[key] = number(amount, f"{where}.{key}", "num", 0, 1e15)
+    return out
+
+
+def memory_bytes(text: str, where: str) -> int:
+    """'512M', '4G', '1.5GiB', '2048' -> bytes (K, M, G, T are powers of 1024)."""
+    m = MEMORY.fullmatch(text)
+    if not m:
+        raise PrimefsError(f"{where} must be a number of bytes or text such as 512M, 4G or 1.5GiB, not {text!r}")
+    scale = 1024 ** "_KMGT".index(m.group(2).upper() or "_")
+    return int(float(m.group(1)) * scale)
+
+
+# -- goals: budgets and end conditions ------------------------------------------------------------
+BUDGET_KEYS = {"turns": "budget:turns", "tokens": "budget:tokens", "seconds": "budget:seconds",
+               "cost_usd": "budget:cost"}
+BUDGET_MAX = {"turns": 1e7, "tokens": 1e13, "seconds": 1e9, "cost_usd": 1e9}
+
+
+def check_budget(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise PrimefsError(f"{where}: `budget:` must be a mapping of {', '.join(BUDGET_KEYS)}")
+    out = {}
+    for key, limit in value.items():
+        if key not in BUDGET_KEYS:
+            raise PrimefsError(f"{where}: unknown budget {key!r} (known: {', '.join(BUDGET_KEYS)})")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+            raise PrimefsError(f"{where}: budget {key} must be a positive number, not {limit!r}")
+        if limit > BUDGET_MAX[key]:
+            raise PrimefsError(f"{where}: budget {key} must be at most {BUDGET_MAX[key]:g}, not {limit!r}")
+        out[str(key)] = limit
+    return out
+
+
+def check_end_conditions(value, where: str, known: dict | None = None) -> list[dict]:
+    if not isinstance(value, list):
+        raise PrimefsError(f"{where}: `end_conditions:` must be a list like [{{command: \"pytest -q\"}}]")
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or len(item) != 1:
+            raise PrimefsError(f"{where}: each end condition is a map with one key, its name "
+                               f"(e.g. {{file_exists: report.md}}), not {item!r}")
+        (name, arg), = item.items()
+        if known is not None and name not in known:
+            raise PrimefsError(f"{where}: unknown end condition {name!r} (known: {', '.join(sorted(known))})")
+        out.append({str(name): arg})
+    return out
+
+
+# -- session.yaml ---------------------------------------------------------------------------------
+def check_session_meta(data, where: str) -> dict:
+    """A session.yaml as the runner needs it. Unknown keys are kept (people and tools may add some)."""
+    if not isinstance(data, dict):
+        raise PrimefsError(f"{where}: not a mapping")
+    for key in ("id", "name", "model"):
+        _text(data.get(key), f"{where}: {key}", 256)
+    if data.get("status", "pending") not in STATUSES:
+        raise PrimefsError(f"{where}: status must be one of {', '.join(STATUSES)}, not {_short(data.get('status'))}")
+    for key in ("parent", "goal", "context_data", "agent", "stop_reason", "created", "updated"):
+        if data.get(key) is not None:
+            _text(data[key], f"{where}: {key}")
+    if data.get("error") is not None:
+        _text(data["error"], f"{where}: error", 100_000)
+    if data.get("depth") is not None:
+        number(data["depth"], f"{where}: depth", "int", 0, 10_000)
+    if data.get("started_ts") is not None:
+        number(data["started_ts"], f"{where}: started_ts", "num", 0, 1e11)
+    context = data.get("context")
+    if context is not None and (not isinstance(context, list) or not all(isinstance(c, str) for c in context)):
+        raise PrimefsError(f"{where}: context must be a list of file paths")
+    if data.get("limits") is not None:
+        check_limits(data["limits"], where)
+    if data.get("autonomous") is not None and not isinstance(data["autonomous"], bool):
+        raise PrimefsError(f"{where}: autonomous must be true or false")
+    if data.get("budget") is not None:
+        check_budget(data["budget"], where)
+    if data.get("end_conditions") is not None:
+        check_end_conditions(data["end_conditions"], where)
+    if data.get("tools") is not None:
+        from primefs.tools.registry import check_selection
+
+        check_selection(data["tools"], where)
+    if data.get("sandbox") is not None and not isinstance(data["sandbox"], (bool, dict)):
+        raise PrimefsError(f"{where}: sandbox must be true, false or a mapping")
+    if data.get("resources") is not None:
+        check_resources(data["resources"], f"{where}: resources")
+    if data.get("node") is not None:
+        _text(data["node"], f"{where}: node", 256)
+    return data

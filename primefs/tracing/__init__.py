@@ -1,0 +1,1 @@
+"""OpenTelemetry spans for turns, model calls and cells, live (spans) and replayed from history (replay)."""
