@@ -87,34 +87,29 @@ def _set(ctx, session, hb_id, as_json, **changes):
     emit(as_json, {**hb, "session": s.id}, f"{hb_id}: {'paused' if hb['paused'] else 'active'}")
 
 
-@heartbeat_group.command("pause")
-@click.argument("session")
-@click.argument("hb_id", metavar="ID")
-@json_option
-@ws_option
-@click.pass_context
+def one_heartbeat(name: str):
+    """`primefs heartbeat NAME SESSION ID`: the arguments and options of a command on one heartbeat."""
+    def decorate(fn):
+        for wrap in (click.pass_context, ws_option, json_option, click.argument("hb_id", metavar="ID"),
+                     click.argument("session"), heartbeat_group.command(name)):
+            fn = wrap(fn)
+        return fn
+    return decorate
+
+
+@one_heartbeat("pause")
 def pause(ctx, session, hb_id, as_json):
     """Stop a heartbeat's ticks until `resume`."""
     _set(ctx, session, hb_id, as_json, paused=True)
 
 
-@heartbeat_group.command("resume")
-@click.argument("session")
-@click.argument("hb_id", metavar="ID")
-@json_option
-@ws_option
-@click.pass_context
+@one_heartbeat("resume")
 def resume(ctx, session, hb_id, as_json):
     """Tick again, from the next scheduled time."""
     _set(ctx, session, hb_id, as_json, paused=False)
 
 
-@heartbeat_group.command("rm")
-@click.argument("session")
-@click.argument("hb_id", metavar="ID")
-@json_option
-@ws_option
-@click.pass_context
+@one_heartbeat("rm")
 def rm(ctx, session, hb_id, as_json):
     """Delete a heartbeat."""
     s = find_session(workspace(ctx).sessions, session)

@@ -114,35 +114,30 @@ def index_histories(index: Index, folders: dict, ids: list[str] | None) -> int:
     return indexer.added
 
 
-def query(index: Index, *, sessions: list[str] | None = None, name: str | None = None,
-          statuses: list[str] | None = None, model: str | None = None, since: float | None = None,
-          until: float | None = None, types: list[str] | None = None, text: str | None = None) -> tuple[str, list]:
-    """The FROM/WHERE part of a query over events and their sessions, and its arguments."""
+# filter -> (its condition, its arguments from the value); a filter given as None (or empty, but for
+# `sessions`: an empty list matches nothing) is left out.
+FILTERS = {
+    "sessions": ("s.id IN (SELECT value FROM json_each(?))", lambda v: [json.dumps(v)]),
+    "name": ("s.name GLOB ?", lambda v: [v]),  # a pattern: root.*, *report*
+    "statuses": ("s.status IN (SELECT value FROM json_each(?))", lambda v: [json.dumps(v)]),
+    "model": ("(e.model = ? OR e.model GLOB ?)", lambda v: [v, v]),
+    "since": ("e.ts >= ?", lambda v: [v]),
+    "until": ("e.ts < ?", lambda v: [v]),
+    "types": ("e.type IN (SELECT value FROM json_each(?))", lambda v: [json.dumps(v)]),
+    "text": ("e.id IN (SELECT rowid FROM events_text WHERE events_text MATCH ?)", lambda v: [v]),
+}
+KEEP_WHEN_EMPTY = {"sessions", "since", "until"}  # [] (no session) and 0 (the epoch) still filter
+
+
+def query(index: Index, **filters) -> tuple[str, list]:
+    """The FROM/WHERE part of a query over events and their sessions (filters: FILTERS), and its arguments."""
     where, args = [], []
-    if sessions is not None:
-        where.append("s.id IN (SELECT value FROM json_each(?))")
-        args.append(json.dumps(sessions))
-    if name:
-        where.append("s.name GLOB ?")  # a pattern: root.*, *report*
-        args.append(name)
-    if statuses:
-        where.append("s.status IN (SELECT value FROM json_each(?))")
-        args.append(json.dumps(statuses))
-    if model:
-        where.append("(e.model = ? OR e.model GLOB ?)")
-        args += [model, model]
-    if since is not None:
-        where.append("e.ts >= ?")
-        args.append(since)
-    if until is not None:
-        where.append("e.ts < ?")
-        args.append(until)
-    if types:
-        where.append("e.type IN (SELECT value FROM json_each(?))")
-        args.append(json.dumps(types))
-    if text:
-        where.append("e.id IN (SELECT rowid FROM events_text WHERE events_text MATCH ?)")
-        args.append(text)
+    for key, value in filters.items():
+        if value is None or (not value and key not in KEEP_WHEN_EMPTY):
+            continue
+        condition, arguments = FILTERS[key]
+        where.append(condition)
+        args += arguments(value)
     # the sessions table is joined only when a filter needs it (counting a million events is then a scan of one table)
     join = " JOIN sessions s ON s.key = e.session" if any("s." in w for w in where) else ""
     sql = "FROM events e" + join + (" WHERE " + " AND ".join(where) if where else "")

@@ -234,21 +234,22 @@ class KernelClient:
             return value["data"]["text/plain"]
 
     def _drain_iopub(self) -> None:
-        try:
-            while True:
-                self.kc.get_iopub_msg(timeout=0)
-        except Exception:
-            pass
+        _drain(self.kc.get_iopub_msg)
 
     def _drain_shell(self) -> None:
-        try:
-            while True:
-                self.kc.get_shell_msg(timeout=0)
-        except Exception:
-            pass
+        _drain(self.kc.get_shell_msg)
 
     def close(self) -> None:
         try:
             self.kc.stop_channels()
         except Exception:
             pass
+
+
+def _drain(get) -> None:
+    """Take every message waiting on a channel (get: a client's get_*_msg), until none is left."""
+    try:
+        while True:
+            get(timeout=0)
+    except Exception:  # queue.Empty, or a channel already closed
+        pass
