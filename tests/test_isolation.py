@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from attack import run_attack
-from conftest import cli, configure, run_once, wait_for
+from conftest import cli, configure, run_once
 from test_sandbox import as_nobody  # noqa: F401 - the fixture
 
 from primefs.store import mail, trust

@@ -339,9 +339,9 @@ def test_an_unsandboxed_kernel_also_takes_everything_it_started(tmp_path):
 def test_where_no_sandbox_can_be_had_the_runner_says_so_once_and_goes_on(ws, monkeypatch):
     """The default sandbox on a machine without user namespaces: said once (runner log, each session's
     history), kernels run without it. One asked for explicitly is never skipped."""
-    from primefs.kernels import sandbox
+    from primefs.kernels import boxes
 
-    monkeypatch.setitem(sandbox._MACHINE, "why", "cannot create namespaces: Operation not permitted")
+    monkeypatch.setitem(boxes._MACHINE, "why", "cannot create namespaces: Operation not permitted")
     (ws.root / "s.yaml").write_text("- code: \"import os\\nprint(os.getuid() == 0 or os.getpid() != 1)\"\n- text: ok\n")
     ws = configure(ws, model="scripted/s.yaml")
     write_goal(ws, "one", name="one")

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from primefs.kernels import sandbox
+from primefs.kernels import boxes, cgroups, sandbox
 from primefs.kernels.client import CellResult, KernelClient, connection_info
 from primefs.kernels.forkserver import kill_tree
 from primefs.kernels.host import Handler, KernelHandle, KernelHost, KernelSpec
@@ -71,7 +71,7 @@ def descends_from(pid: int, ancestor: int) -> bool:
 
 class LocalKernel(KernelHandle):
     def __init__(self, host: "LocalKernelHost", spec: KernelSpec, token: str, pid: int, info: dict, base: Path,
-                 cgroup: sandbox.Cgroup | None):
+                 cgroup: cgroups.Cgroup | None):
         self.host, self.session_id, self.token, self.pid = host, spec.session_id, token, pid
         self.spec, self.base, self.cgroup = spec, base, cgroup
         self.dead = False
@@ -131,7 +131,7 @@ class LocalKernelHost(KernelHost):
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in self.dir.iterdir():  # left by a killed runner (one runner per workspace: ours now)
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else _unlink(stale)
-        sandbox.remove_stale_cgroups(self.runtime.name)
+        cgroups.remove_stale_cgroups(self.runtime.name)
         self.cwd = Path(cwd)
         self.handler = handler
         self.log = log
@@ -271,7 +271,7 @@ class LocalKernelHost(KernelHost):
             self._start_watch()
         return k
 
-    def _box(self, spec: KernelSpec, base: Path) -> tuple[dict, sandbox.Cgroup | None]:
+    def _box(self, spec: KernelSpec, base: Path) -> tuple[dict, cgroups.Cgroup | None]:
         """What sandbox.enter() needs for this kernel, and its cgroup (None where no cgroup can be made:
         then limits are per process)."""
         uid, gid = sandbox.kernel_ids()
@@ -279,8 +279,8 @@ class LocalKernelHost(KernelHost):
         if uid != os.getuid():
             os.chown(base, uid, gid)
         settings = spec.sandbox
-        cgroup = sandbox.Cgroup.make(self.runtime.name, base.name, int(settings["memory_mb"]), int(settings["processes"]))
-        box = sandbox.box_for(settings, spec.workspace, spec.rooms, spec.cwd, sockets=str(base),
+        cgroup = cgroups.Cgroup.make(self.runtime.name, base.name, int(settings["memory_mb"]), int(settings["processes"]))
+        box = boxes.box_for(settings, spec.workspace, spec.rooms, spec.cwd, sockets=str(base),
                               hide=[self.runtime.parent], hide_files=spec.hidden, cgroup=cgroup)
         return box, cgroup
 

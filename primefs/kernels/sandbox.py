@@ -35,9 +35,7 @@ import json
 import os
 import resource
 import signal
-import stat
 import sys
-import threading
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -93,7 +91,8 @@ def _set_read_only(path: str, read_only: bool) -> None:
                          ctypes.sizeof(attr)), f"cannot make {path} {'read-only' if read_only else 'writable'}")
 
 
-def _write(path: str, text: str) -> None:
+def write_control(path: str, text: str) -> None:
+    """Write a kernel's control file (/proc/<pid>/uid_map, a cgroup's limit): in place, never atomically."""
     with open(path, "w") as f:
         f.write(text)
 
@@ -170,7 +169,7 @@ def enter(box: dict) -> None:
     folders to hide: the runner's runtime folder), cgroup (folders to join)."""
     root = os.getuid() == 0
     for folder in box.get("cgroup") or []:
-        _write(os.path.join(folder, "cgroup.procs"), "0")
+        write_control(os.path.join(folder, "cgroup.procs"), "0")
     if root:
         os.setgroups([])
         _check(_libc.unshare(CLONE_NEWPID), "cannot create a pid namespace")
@@ -226,9 +225,9 @@ def enter(box: dict) -> None:
 
 
 def _map_ids(pid: str, inner_uid: int, inner_gid: int, outer_uid: int, outer_gid: int) -> None:
-    _write(f"/proc/{pid}/setgroups", "deny")
-    _write(f"/proc/{pid}/uid_map", f"{inner_uid} {outer_uid} 1")
-    _write(f"/proc/{pid}/gid_map", f"{inner_gid} {outer_gid} 1")
+    write_control(f"/proc/{pid}/setgroups", "deny")
+    write_control(f"/proc/{pid}/uid_map", f"{inner_uid} {outer_uid} 1")
+    write_control(f"/proc/{pid}/gid_map", f"{inner_gid} {outer_gid} 1")
 
 
 def _keep(pid: int, box: dict, from_kernel: int, to_kernel: int) -> None:
@@ -345,251 +344,6 @@ def _set_limits(settings: dict) -> None:
 def kernel_ids() -> tuple[int, int]:
     """The uid and gid a sandboxed kernel has: never root."""
     return (NOBODY, NOBODY) if os.getuid() == 0 else (os.getuid(), os.getgid())
-
-
-# -- cgroups: limits over the kernel's whole process tree ------------------------------------------
-def _cgroup_mounts() -> dict[str, str]:
-    """controller -> mount point (cgroup v1), and "v2" -> the cgroup2 mount."""
-    out: dict[str, str] = {}
-    try:
-        lines = open("/proc/self/mountinfo").read().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        fields = line.split(" - ")
-        if len(fields) != 2:
-            continue
-        mount_point, (fstype, _src, opts) = fields[0].split()[4], fields[1].split()[:3]
-        if fstype == "cgroup2":
-            out.setdefault("v2", mount_point)
-        elif fstype == "cgroup":
-            for c in ("memory", "pids", "cpuacct"):
-                if c in opts.split(","):
-                    out.setdefault(c, mount_point)
-    return out
-
-
-def _own_cgroup(controller: str) -> str:
-    try:
-        for line in open("/proc/self/cgroup").read().splitlines():
-            _id, names, path = line.split(":", 2)
-            if (controller == "v2" and _id == "0") or controller in names.split(","):
-                return path
-    except (OSError, ValueError):
-        pass
-    return "/"
-
-
-class Cgroup:
-    """The cgroup(s) of one kernel tree, made by the runner: memory and processes of all its processes
-    together; its CPU time is read by the runner (cpu_s counts the whole tree)."""
-
-    def __init__(self, folders: list[str], version: int):
-        self.folders, self.version = folders, version
-
-    @classmethod
-    def make(cls, group: str, name: str, memory_mb: int, processes: int) -> "Cgroup | None":
-        """A cgroup for one kernel (`group`: its runner's, one per workspace), or None where none is
-        writable (then only rlimits apply)."""
-        mounts = _cgroup_mounts()
-        parent = f"primefs-{os.getuid()}/{group}"
-        if all(c in mounts for c in ("memory", "pids", "cpuacct")):  # v1 (a root runner)
-            folders = [os.path.join(mounts[c], _own_cgroup(c).lstrip("/"), parent, name)
-                       for c in ("memory", "pids", "cpuacct")]
-            try:
-                for f in folders:
-                    os.makedirs(f, exist_ok=True)
-                _write(os.path.join(folders[0], "memory.limit_in_bytes"), str(memory_mb * 1024 * 1024))
-                _write(os.path.join(folders[1], "pids.max"), str(processes))
-                return cls(folders, 1)
-            except OSError:
-                cls(folders, 1).remove()
-        if "v2" in mounts:  # a delegated cgroup2 subtree: siblings of the runner's own cgroup
-            base = os.path.dirname(os.path.join(mounts["v2"], _own_cgroup("v2").lstrip("/")))
-            try:
-                enabled = open(os.path.join(base, "cgroup.subtree_control")).read().split()
-            except OSError:
-                enabled = []
-            if {"memory", "pids"} <= set(enabled) and os.access(base, os.W_OK):
-                folder = os.path.join(base, f"{parent.replace('/', '-')}-{name}")
-                try:
-                    os.makedirs(folder, exist_ok=True)
-                    _write(os.path.join(folder, "memory.max"), str(memory_mb * 1024 * 1024))
-                    _write(os.path.join(folder, "memory.swap.max"), "0")
-                    _write(os.path.join(folder, "pids.max"), str(processes))
-                    return cls([folder], 2)
-                except OSError:
-                    cls([folder], 2).remove()
-        return None
-
-    def cpu_seconds(self) -> float:
-        try:
-            if self.version == 1:
-                return int(open(os.path.join(self.folders[2], "cpuacct.usage")).read()) / 1e9
-            for line in open(os.path.join(self.folders[0], "cpu.stat")):
-                if line.startswith("usage_usec"):
-                    return int(line.split()[1]) / 1e6
-        except (OSError, ValueError, IndexError):
-            pass
-        return 0.0
-
-    def kill(self) -> None:
-        """Every process in it, wherever it went (a double fork, a new session)."""
-        if self.version == 2:
-            try:
-                _write(os.path.join(self.folders[0], "cgroup.kill"), "1")
-                return
-            except OSError:
-                pass
-        for _ in range(5):
-            pids = self.pids()
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-
-    def pids(self) -> list[int]:
-        try:
-            return [int(x) for x in open(os.path.join(self.folders[0], "cgroup.procs")).read().split()]
-        except (OSError, ValueError):
-            return []
-
-    def remove(self) -> None:
-        for f in self.folders:
-            try:
-                os.rmdir(f)
-            except OSError:
-                pass
-
-
-def remove_stale_cgroups(group: str) -> None:
-    """Empty cgroups of kernels of an earlier runner of this group (a killed runner leaves them). Only
-    its own group: another workspace's runner may be making a kernel's (still empty) cgroup right now."""
-    mounts = _cgroup_mounts()
-    parent = f"primefs-{os.getuid()}/{group}"
-    bases = [os.path.join(mounts[c], _own_cgroup(c).lstrip("/"), parent)
-             for c in ("memory", "pids", "cpuacct") if c in mounts]
-    for base in bases:
-        for name in os.listdir(base) if os.path.isdir(base) else []:
-            try:
-                os.rmdir(os.path.join(base, name))
-            except OSError:
-                pass
-
-
-# -- the runner's side: boxes, commands in them, what this machine allows ------------------------------
-def box_for(settings: dict, workspace, rooms: list, cwd, *, sockets: str | None = None, hide=(), hide_files=(),
-            cgroup: "Cgroup | None" = None) -> dict:
-    """What enter() needs: the rooms made (and, for a root runner, given to the kernel's uid), plus the
-    folders a person's `sandbox: {write: [...]}` grants."""
-    uid, gid = kernel_ids()
-    rooms = [str(r) for r in rooms]
-    for room in rooms:
-        os.makedirs(room, exist_ok=True)
-        if uid != os.getuid():
-            give(room, uid, gid)
-    for folder in settings.get("write") or []:
-        st = os.stat(folder)
-        if uid != os.getuid() and not (st.st_uid == uid or st.st_mode & 0o002):
-            raise SandboxError(f"sandbox.write: {folder} cannot be written by uid {uid}, the uid of sandboxed "
-                               f"kernels of a runner running as root: `chown -R {uid} {folder}`, or run primefs "
-                               "as a normal user")
-        rooms.append(folder)
-    return {"settings": settings, "workspace": str(workspace), "rooms": rooms, "cwd": str(cwd), "uid": uid,
-            "gid": gid, "sockets_host": sockets, "hide": [str(h) for h in hide],
-            "hide_files": [str(f) for f in hide_files],
-            "cgroup": cgroup.folders if cgroup else []}
-
-
-def give(path, uid: int, gid: int) -> None:
-    """Make the folder `path` (and what is in it) the kernel's, when it is not yet. Never through a link:
-    a room that is a link (made by a kernel without a sandbox) is refused, and what is inside is changed
-    through folder descriptors (a folder swapped for a link meanwhile is not entered)."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise SandboxError(f"{path} is not a folder (a link?): refusing to give it to the kernel's uid {uid}")
-    if st.st_uid == uid:
-        return
-    os.lchown(path, uid, gid)
-    for _folder, dirs, files, dirfd in os.fwalk(path, follow_symlinks=False):
-        for name in dirs + files:
-            try:
-                os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
-            except OSError:
-                pass
-
-
-def run_in_box(box: dict | None, argv: list[str], timeout: float, env: dict, cwd=None) -> tuple[int | None, str]:
-    """Run a program in a sandbox (or, with no box, as it is, in `cwd`): (exit code, or None if it ran
-    over `timeout` and was ended with all it started; its output)."""
-    import subprocess
-
-    if box is not None:  # -P and "/": nothing of the room (where it goes) is on the launcher's sys.path
-        argv, cwd = [sys.executable, "-P", "-m", "primefs.kernels.sandbox", json.dumps(box), "--", *argv], "/"
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, cwd=cwd, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:  # the group; in a box the rest dies with its pid namespace
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        out, _ = proc.communicate()
-        code = None
-    return code, out.decode("utf-8", errors="replace")
-
-
-_MACHINE: dict = {}
-_MACHINE_LOCK = threading.Lock()  # one probe at a time: the runner's start and a first kernel
-NONE_HERE = ("no sandbox can be had on this machine, so kernels run without one, with your user's rights "
-             "(docs/reliability.md, \"Threat model\"); set `sandbox: off` to say you know")
-
-
-def unavailable() -> str | None:
-    """Why no sandbox can be had on this machine (None: it can). Found once per process, by running
-    `true` in one (~70 ms: the runner starts it at once, beside the kernel template's imports)."""
-    with _MACHINE_LOCK:
-        return _probe()
-
-
-def _probe() -> str | None:
-    if "why" not in _MACHINE:
-        import shutil
-        import tempfile
-
-        folder = tempfile.mkdtemp(prefix="primefs-probe-")
-        try:
-            os.chmod(folder, 0o755)
-            settings = {"network": False, "memory_mb": 256, "cpu_s": 10, "processes": 16, "open_files": 64,
-                        "disk_mb": 1}
-            box = box_for(settings, folder, [os.path.join(folder, "room")], os.path.join(folder, "room"))
-            env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
-            code, out = run_in_box(box, ["true"], 30, env)
-            lines = [ln for ln in out.splitlines() if ln.strip()]
-            _MACHINE["why"] = None if code == 0 else (lines[-1] if lines else f"exit status {code}")
-        except (OSError, SandboxError) as exc:
-            _MACHINE["why"] = str(exc)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-    return _MACHINE["why"]
-
-
-def weaker_limits() -> str | None:
-    """What the sandbox limits less well on this machine (once per process): without a writable cgroup,
-    memory and CPU seconds count per process, not over a kernel's whole tree."""
-    if "limits" not in _MACHINE:  # (a race makes two probes: both give the same answer)
-        probe = Cgroup.make(f"probe-{os.getpid()}", "probe", 64, 16)
-        if probe is not None:
-            probe.remove()
-        _MACHINE["limits"] = None if probe else (
-            "no cgroup can be made here: memory (sandbox.memory_mb) and CPU seconds (sandbox.cpu_s) are capped per "
-            "process, not over all the processes of a kernel; processes are still capped per kernel")
-    return _MACHINE["limits"]
 
 
 def main(argv: list[str]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from primefs.errors import BudgetExhausted, PrimefsError, SessionStopping
 from primefs.harness.entries import Harness, render_for_prompt
-from primefs.kernels import sandbox
+from primefs.kernels import boxes
 from primefs.kernels.client import CellResult, cut
 from primefs.kernels.host import KernelHost, KernelSpec
 from primefs.kernels.local import kernel_env
@@ -110,11 +110,11 @@ class Agent:
                 box = check_sandbox(None, "primefs.yaml")
         if box is None:
             return None
-        if box.get("default") and sandbox.unavailable():
-            self.warn(f"sandbox: {sandbox.NONE_HERE}: {sandbox.unavailable()}")
+        if box.get("default") and boxes.unavailable():
+            self.warn(f"sandbox: {boxes.NONE_HERE}: {boxes.unavailable()}")
             return None
-        if sandbox.weaker_limits():
-            self.warn(f"sandbox: {sandbox.weaker_limits()}")
+        if boxes.weaker_limits():
+            self.warn(f"sandbox: {boxes.weaker_limits()}")
         return box
 
     def warn(self, text: str) -> None:
@@ -129,9 +129,9 @@ class Agent:
         box = self.sandbox()
         self.room.mkdir(exist_ok=True)
         if box is not None:
-            box = sandbox.box_for(box, self.ws.root, [self.room, self.session.dir / "kernel"], self.room,
+            box = boxes.box_for(box, self.ws.root, [self.room, self.session.dir / "kernel"], self.room,
                                   hide=[self.ws.runtime.parent], hide_files=key_files(self.ws.config))
-        return sandbox.run_in_box(box, ["sh", "-c", command], timeout, kernel_env(), cwd=self.room)
+        return boxes.run_in_box(box, ["sh", "-c", command], timeout, kernel_env(), cwd=self.room)
 
     def tools(self) -> list:
         """The tools this session gets (its `tools:` selection); names that match none are said once."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from primefs.errors import PrimefsError
 from primefs.index import archive
-from primefs.kernels import sandbox
+from primefs.kernels import boxes
 from primefs.kernels.forkserver import hide_from_same_user
 from primefs.plugins import end_conditions, plugin_manager, providers
 from primefs.runner import warmup
@@ -222,10 +222,10 @@ class Runner:
     def _say_sandbox(self) -> None:
         """Once, at start: a sandbox that cannot be had here, or limits it can only keep per process."""
         box = check_sandbox(self.ws.config.get("sandbox"), "primefs.yaml", self.ws.root)
-        if box and box.get("default") and sandbox.unavailable():
-            self.log(f"warning: sandbox: {sandbox.NONE_HERE}: {sandbox.unavailable()}")
-        elif box and sandbox.weaker_limits():
-            self.log(f"warning: sandbox: {sandbox.weaker_limits()}")
+        if box and box.get("default") and boxes.unavailable():
+            self.log(f"warning: sandbox: {boxes.NONE_HERE}: {boxes.unavailable()}")
+        elif box and boxes.weaker_limits():
+            self.log(f"warning: sandbox: {boxes.weaker_limits()}")
 
     def _warm_up(self, once: bool) -> None:
         """`import litellm` in the background if a model it serves is about to be called (warmup.py)."""
