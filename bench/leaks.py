@@ -30,7 +30,7 @@ from primefs.store.session import list_sessions
 SCRIPT = "default:\n" + "".join(f"  - code: \"n = {i}\\nprint(n)\"\n  - text: reply {i}\n" for i in range(3000))
 # As with a real model, conversations are compacted once long (a scripted model has no window of its
 # own): without it a session's conversation, and the runner's memory, would grow with every message.
-COMPACT_AT_TOKENS = 6000
+COMPACT_AT_TOKENS = 2500
 
 
 def fd_kinds(pid: int) -> Counter:

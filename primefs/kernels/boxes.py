@@ -122,3 +122,14 @@ def weaker_limits() -> str | None:
             "no cgroup can be made here: memory (sandbox.memory_mb) and CPU seconds (sandbox.cpu_s) are capped per "
             "process, not over all the processes of a kernel; processes are still capped per kernel")
     return _MACHINE["limits"]
+
+
+def machine_notes(box: dict | None) -> tuple[dict | None, list[str]]:
+    """What this machine makes of a checked `sandbox:` setting: the box to use (None: none) and what to
+    say of it. The one check, made by the runner at start (its log) and for each session (its history):
+    the default sandbox where none can be had runs without one; limits kept only per process are said."""
+    if box is None:
+        return None, []
+    if box.get("default") and unavailable():
+        return None, [f"{NONE_HERE}: {unavailable()}"]
+    return box, [weaker_limits()] if weaker_limits() else []

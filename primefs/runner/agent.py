@@ -108,13 +108,9 @@ class Agent:
                 self.warn(f"sandbox: {trust.untrusted_note(trust.CONFIG, 'its weaker `sandbox:` is')}; "
                           "kernels get the default sandbox")
                 box = check_sandbox(None, "primefs.yaml")
-        if box is None:
-            return None
-        if box.get("default") and boxes.unavailable():
-            self.warn(f"sandbox: {boxes.NONE_HERE}: {boxes.unavailable()}")
-            return None
-        if boxes.weaker_limits():
-            self.warn(f"sandbox: {boxes.weaker_limits()}")
+        box, notes = boxes.machine_notes(box)
+        for note in notes:
+            self.warn(f"sandbox: {note}")
         return box
 
     def warn(self, text: str) -> None:

@@ -221,11 +221,9 @@ class Runner:
 
     def _say_sandbox(self) -> None:
         """Once, at start: a sandbox that cannot be had here, or limits it can only keep per process."""
-        box = check_sandbox(self.ws.config.get("sandbox"), "primefs.yaml", self.ws.root)
-        if box and box.get("default") and boxes.unavailable():
-            self.log(f"warning: sandbox: {boxes.NONE_HERE}: {boxes.unavailable()}")
-        elif box and boxes.weaker_limits():
-            self.log(f"warning: sandbox: {boxes.weaker_limits()}")
+        _, notes = boxes.machine_notes(check_sandbox(self.ws.config.get("sandbox"), "primefs.yaml", self.ws.root))
+        for note in notes:
+            self.log(f"warning: sandbox: {note}")
 
     def _warm_up(self, once: bool) -> None:
         """`import litellm` in the background if a model it serves is about to be called (warmup.py)."""
