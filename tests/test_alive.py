@@ -115,7 +115,7 @@ def test_dormant_sessions_cost_stats_not_listings(ws, monkeypatch):
     assert all(target in p for p in listed if "/sessions/" in p)
     # a second start: the marks kept in the index spare the listings of unchanged mailboxes
     news = []
-    monkeypatch.setattr(alive.Alive, "_has_news", lambda self, sid: news.append(sid) or False)
+    monkeypatch.setattr(mail, "what_waits", lambda folder, stopped=False: news.append(os.path.basename(folder)) or None)
     again = Runner(ws, log=lambda m: None)
     again.alive.start()
     assert set(news) <= {target}

@@ -41,6 +41,7 @@ from primefs.index.events import index_histories, sync_events
 from primefs.store import summary as summaries
 from primefs.store.fsutil import NAME_RE, fsync_dir, open_regular, walk_tree, write_atomic
 from primefs.store.gitops import commit_paths, git
+from primefs.store.mail import what_waits
 from primefs.store.session import subtree
 from primefs.store.settings import FINISHED
 from primefs.store.summary import stat_key
@@ -77,23 +78,6 @@ def _trees(rows: dict[str, dict]) -> dict[str, list[str]]:
     return {root: subtree(children, root) for root in roots}
 
 
-def _live_files(folder: Path, stopped: bool = False) -> str | None:
-    """Why a finished session is still alive by its files (mail waiting, heartbeats), or None. Mail to a
-    stopped session never starts a turn (stopping is final): it goes into the zip with it (e.g. the
-    results of children stopped with it by `primefs stop --tree`)."""
-    try:
-        if not stopped and any(not n.startswith(".") for n in os.listdir(folder / "mail" / "new")):
-            return "unread mail"
-        if not stopped and any(n.endswith("!2,") for n in os.listdir(folder / "mail" / "cur")):
-            return "unread mail"
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    hb = folder / "heartbeats"
-    if hb.is_dir() and any(p.suffix == ".yaml" for p in hb.iterdir()):
-        return "heartbeats"
-    return None
-
-
 def plan(ws, index: Index, *, before: float | None = None, statuses=DEFAULT_STATUSES, busy=lambda sid: False
          ) -> tuple[list[dict], Counter]:
     """The trees that can be archived now, and why the others cannot (reason -> trees)."""
@@ -112,7 +96,7 @@ def plan(ws, index: Index, *, before: float | None = None, statuses=DEFAULT_STAT
         elif any(busy(sid) for sid in members):
             why = "in use by the runner"
         else:
-            why = next((w for r in tree if (w := _live_files(ws.sessions / r["id"], r["status"] == "stopped"))), None)
+            why = next((w for r in tree if (w := what_waits(ws.sessions / r["id"], r["status"] == "stopped"))), None)
         if why:
             skipped[why] += 1
             continue
@@ -152,7 +136,7 @@ def archive_tree(ws, index: Index, tree: dict, busy=lambda sid: False) -> bool:
         (stage / goal).parent.mkdir(parents=True, exist_ok=True)
         os.rename(ws.root / goal, stage / goal)
     for sid in members:  # 3
-        if _keys(stage / sid) != keys[sid] or _live_files(stage / sid, sid in tree.get("stopped", ())) or busy(sid):
+        if _keys(stage / sid) != keys[sid] or what_waits(stage / sid, sid in tree.get("stopped", ())) or busy(sid):
             roll_back(ws, stage)
             return False
     _index_staged(index, stage, members)

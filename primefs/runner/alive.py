@@ -90,7 +90,7 @@ class Alive:
             marks = self._marks(sid)
             if marks is not None and marks == row["marks"]:  # as when last seen settled: nothing came
                 self.dormant[sid] = marks
-            elif marks is None or self._has_news(sid):
+            elif marks is None or mail.what_waits(f"{self.ws.sessions}/{sid}"):
                 self.dormant[sid] = None
                 self.look(sid)
             else:
@@ -108,19 +108,6 @@ class Alive:
         if None in marks or max(marks) > (time.time() - RACY_S) * 1e9:
             return None
         return marks
-
-    def _has_news(self, sid: str) -> bool:
-        """Unread mail (new, or claimed and never acknowledged: a runner died between), or heartbeats.
-        (Plain strings and listings: this runs for every finished session at start.)"""
-        base = f"{self.ws.sessions}/{sid}/"
-        try:
-            if any(not name.startswith(".") for name in os.listdir(base + "mail/new")):
-                return True
-            if any(name.endswith(mail.CLAIMED) for name in os.listdir(base + "mail/cur")):
-                return True
-        except OSError:
-            pass
-        return os.path.isdir(base + "heartbeats")
 
     # -- awake and dormant ----------------------------------------------------------------------------
     def wake(self, sid: str) -> None:

@@ -179,3 +179,23 @@ def quarantine(path: Path, reason: str) -> Path:
     # a name that is no UTF-8 (bytes from a disk or a hand) is shown escaped in its reason, never fatal
     (bad / (target.name + ".reason")).write_text(reason + "\n", encoding="utf-8", errors="backslashreplace")
     return target
+
+
+def what_waits(folder, stopped: bool = False) -> str | None:
+    """What in a session's own files may still start a turn: "unread mail" (new, or claimed and never
+    acknowledged: a runner died between) or "heartbeats" (a heartbeats/*.yaml file), else None. Mail to
+    a stopped session never starts one (stopping is final). The one answer, for the runner (which
+    sessions it looks at) and the archive (which trees it may take). Plain strings and listings: it
+    runs for every finished session at a runner's start."""
+    base = f"{folder}/"
+    try:
+        if not stopped and any(not name.startswith(".") for name in os.listdir(base + "mail/new")):
+            return "unread mail"
+        if not stopped and any(name.endswith(CLAIMED) for name in os.listdir(base + "mail/cur")):
+            return "unread mail"
+    except OSError:
+        pass
+    try:
+        return "heartbeats" if any(name.endswith(".yaml") for name in os.listdir(base + "heartbeats")) else None
+    except OSError:
+        return None
