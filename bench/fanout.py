@@ -67,7 +67,7 @@ def run(n: int, cap: int | None = None, ray: str | None = None, sandbox: bool = 
     for c in children:
         nodes[c.meta.get("node") or "local"] = nodes.get(c.meta.get("node") or "local", 0) + 1
     return {"n": n, "host": "ray" if ray else "local", "sandbox": sandbox, "children_per_node": nodes,
-            "cap": cap or ws.limits()["max_concurrent_sessions"], "wall_s": round(wall, 2),
+            "cap": cap or ws.limits().max_concurrent_sessions, "wall_s": round(wall, 2),
             "first_child_cell_after_spawn_s": round(first_cell - t_spawn, 3),
             "peak_pss_mib": round(peak), "overhead_per_step_ms_median": round(statistics.median(overheads) * 1000, 1),
             "overhead_per_step_ms_p90": round(sorted(overheads)[int(len(overheads) * 0.9)] * 1000, 1),

@@ -25,8 +25,8 @@ from openai_server import ScriptServer  # noqa: E402
 from ruamel.yaml import YAML  # noqa: E402
 
 from primefs.eval.run import load_config, run_eval  # noqa: E402
-from primefs.store.goals import write_goal  # noqa: E402
 from primefs.harness.entries import Harness  # noqa: E402
+from primefs.store.goals import write_goal  # noqa: E402
 from primefs.store.mail import deliver  # noqa: E402
 from primefs.store.session import list_sessions  # noqa: E402
 

@@ -18,9 +18,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from starlette.testclient import TestClient  # noqa: E402
 
 from primefs.store.session import create_session  # noqa: E402
+from primefs.store.workspace import init_workspace  # noqa: E402
 from primefs.web.app import make_app  # noqa: E402
 from primefs.web.index import WorkspaceIndex  # noqa: E402
-from primefs.store.workspace import init_workspace  # noqa: E402
 
 
 def events(n: int, start: float) -> str:

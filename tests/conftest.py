@@ -138,10 +138,16 @@ class BackgroundRunner:
 
 def sigkill_runner_when(ws: Workspace, pred, what: str = "condition") -> None:
     """Start `primefs run` as a process, wait until pred() (and half a second more), then SIGKILL it."""
-    proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = ws.root.parent / "killed-runner.log"  # beside the workspace: what it said, if the wait fails
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run"],
+                                stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for(pred, what=what)
+        try:
+            wait_for(pred, what=what)
+        except AssertionError as exc:
+            alive = "still running" if proc.poll() is None else f"exited with {proc.returncode}"
+            raise AssertionError(f"{exc}; the runner ({alive}) said:\n{log.read_text()[-3000:]}") from None
         time.sleep(0.5)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)

@@ -296,7 +296,7 @@ def exec_cmd(ctx, session, code, as_json):
     if code == "-":
         code = sys.stdin.read()
     limits = ws.limits(s.meta.get("limits") or {})
-    reply = ask_runner(ws, "exec", float(limits["cell_timeout_s"]) + BUSY_WAIT_S + 60, session=s.id, code=code)
+    reply = ask_runner(ws, "exec", limits.cell_timeout_s + BUSY_WAIT_S + 60, session=s.id, code=code)
     if as_json:
         emit(True, reply, "")
     else:

@@ -20,6 +20,7 @@ from primefs.providers.script import estimate_tokens
 from primefs.runner.compaction import context_window
 from primefs.store.fsutil import write_atomic
 from primefs.store.session import Session, create_session
+from primefs.store.settings import Limits
 
 SYSTEM = ("Answer the task. The input it calls `context` is given in full (or cut, where it says so) between "
           "<context> and </context> after the task. There is no code to run and no tool to call: read the "
@@ -33,7 +34,7 @@ class DirectCaller:
     """What the gateway needs of a caller: its session, model settings and limits."""
     session: Session
     settings: dict
-    limits: dict
+    limits: Limits
     stop_requested: bool = False
 
 

@@ -13,6 +13,7 @@ import shutil
 import statistics
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from primefs import __version__
@@ -287,7 +288,7 @@ def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> lis
                            extra={**_control(cfg), "eval": True, "eval_mode": "rlm"}, files=files)
         sessions[item["id"]] = s
     runner = Runner(ws, log=lambda m: None)
-    runner.limits["max_concurrent_sessions"] = slots(ws.resolve_model(model), cfg["concurrency"])
+    runner.limits = replace(runner.limits, max_concurrent_sessions=slots(ws.resolve_model(model), cfg["concurrency"]))
     failure: list[BaseException] = []
 
     def run():

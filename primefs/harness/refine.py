@@ -191,7 +191,7 @@ def run_refine(ws: Workspace, agent, chain: list[str], log, instructions: str | 
     settings = ws.resolve_model(model) if model else None
     try:
         result = refine(ws, agent.session, chain=chain, instructions=instructions, scope=scope,
-                        max_events=int(agent.limits["refine_events"]),
+                        max_events=agent.limits.refine_events,
                         complete=lambda msgs: agent.complete(msgs, purpose="refine", settings=settings))
     except Exception as exc:
         result = {"applied": [], "rejected": [], "error": reason(exc)}

@@ -15,12 +15,13 @@ from typing import Callable
 
 from primefs.kernels.client import CellResult
 from primefs.kernels.host import KernelHandle, KernelHost, KernelSpec
+from primefs.store.settings import Limits
 
 SNAPSHOT_MODES = ("turn", "idle", "off")
 
 
 class SessionKernel:
-    def __init__(self, host: KernelHost, spec: Callable[[], KernelSpec], folder: Path, limits: dict, record,
+    def __init__(self, host: KernelHost, spec: Callable[[], KernelSpec], folder: Path, limits: Limits, record,
                  on_start: Callable[[str], None] = lambda node: None):
         self.host, self.spec, self.folder = host, spec, Path(folder)  # spec: built when a kernel starts
         self.limits = limits
@@ -31,7 +32,7 @@ class SessionKernel:
 
     @property
     def mode(self) -> str:
-        return str(self.limits.get("snapshot", "turn"))
+        return self.limits.snapshot
 
     def running(self) -> bool:
         return self.handle is not None and self.handle.alive()
@@ -65,7 +66,7 @@ class SessionKernel:
         """Save the namespace now (unless snapshots are off). Never raises: a failed snapshot is recorded."""
         if self.mode == "off" or not self.running():
             return None
-        max_bytes = int(float(self.limits.get("snapshot_max_mb", 256)) * 1024 * 1024)
+        max_bytes = int(self.limits.snapshot_max_mb * 1024 * 1024)
         try:
             m = self.handle.snapshot(self.folder, max_bytes, reason)
         except Exception as exc:  # a hung or broken kernel: the previous snapshot stays

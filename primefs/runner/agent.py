@@ -24,19 +24,19 @@ from primefs.runner.tree import SessionTree
 from primefs.store import livefeed, trust
 from primefs.store.conversation import code_of_call, fenced_code, rebuild, to_messages
 from primefs.store.session import Session
-from primefs.store.settings import check_sandbox
+from primefs.store.settings import Limits, check_sandbox
 from primefs.tools.registry import render_for_prompt as render_tools
 from primefs.tracing import spans as tracing
 
 
-def format_cell(res: CellResult, limits: dict) -> str:
+def format_cell(res: CellResult, limits: Limits) -> str:
     text = res.output
     if res.error:
         text = f"{text}\n{res.error}" if text else res.error
-    text = cut(text, int(limits["output_chars"]))
+    text = cut(text, limits.output_chars)
     notes = []
     if res.timed_out:
-        notes.append(f"[the cell ran over {limits['cell_timeout_s']} s and was interrupted; "
+        notes.append(f"[the cell ran over {limits.cell_timeout_s} s and was interrupted; "
                      "the kernel is still usable]")
     if res.restarted:
         notes.append(f"[the kernel died and was restarted: variables are gone, except what its last snapshot "
@@ -201,7 +201,7 @@ class Agent:
                 self.warn(f"harness file skipped: {e.problem}")
         return system_prompt(root=self.ws.root, tool_mode=self.tool_mode, limits=self.limits,
                              context_paths=list(meta.get("context") or []), context_data=meta.get("context_data"),
-                             role=role, harness=render_for_prompt(entries, int(self.limits["memory_prompt_chars"])),
+                             role=role, harness=render_for_prompt(entries, self.limits.memory_prompt_chars),
                              tools=render_tools(self.tools()))
 
     def complete(self, messages: list[dict], tools=None, *, purpose: str, settings: dict | None = None):
@@ -215,7 +215,7 @@ class Agent:
         self.done_answer = None
         system = self.system_prompt()
         tools = [PYTHON_TOOL] if self.tool_mode == "native" else None
-        max_steps = int(self.limits["max_steps_per_turn"])
+        max_steps = self.limits.max_steps_per_turn
         for step in range(1, max_steps + 1):
             if self.stop_requested:
                 return self.stopped()
@@ -269,14 +269,14 @@ class Agent:
 
     def _run_cells(self, asked: dict, cells: list) -> None:
         """The cells of the reply `asked` (its assistant event), in order."""
-        limit = int(self.limits["output_chars"])
+        limit = self.limits.output_chars
         for k, (call_id, code, error) in enumerate(cells):
             if error:
                 self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}")
                 continue
             with tracing.cell(self.session, asked, k, call_id) as span:
                 # the cell's requests (wait, recv) are void from the moment it is interrupted
-                res = self.kernel.execute(code, timeout=float(self.limits["cell_timeout_s"]), on_timeout=self.cell_ended)
+                res = self.kernel.execute(code, timeout=self.limits.cell_timeout_s, on_timeout=self.cell_ended)
                 self.cell_ended()
                 span.done(self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
                                       error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,

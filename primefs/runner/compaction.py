@@ -41,7 +41,7 @@ def context_window(settings: dict) -> int | None:
 
 
 def threshold(agent) -> int | None:
-    configured = int(agent.limits.get("compact_at_tokens") or 0)
+    configured = agent.limits.compact_at_tokens
     if configured:
         return configured
     window = context_window(agent.settings)

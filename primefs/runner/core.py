@@ -122,7 +122,7 @@ class Runner:
         conditions = end_conditions(self.pm)
         self.bell = Bell()
         self.tree = SessionTree(ws.sessions)
-        self.scheduler = Scheduler(self.bell, lambda: int(self.limits["max_concurrent_sessions"]),
+        self.scheduler = Scheduler(self.bell, lambda: self.limits.max_concurrent_sessions,
                                    lambda sid: self.turns.work(sid), self.log)
         self.post = PostOffice(self.tree, self.bell, self.log, on_mail=lambda sid: self.turns.mail_arrived(sid))
         self.goals = GoalControl(self.tree, conditions, ws.root, self.bell, lambda sid: self.turns.turns_of(sid))

@@ -43,8 +43,8 @@ class ModelGateway:
                 _record(agent, tracing.where(agent.session.id), "model_error", model=settings["model"], purpose=purpose,
                         attempt=1, error=problem, retry_in_s=0, latency_s=0.0)
                 raise ModelError(problem, retryable=False)
-        retries = int(agent.limits["model_retries"])
-        backoff = float(agent.limits["model_retry_backoff_s"])
+        retries = agent.limits.model_retries
+        backoff = agent.limits.model_retry_backoff_s
         for attempt in range(retries + 1):
             started = time.monotonic()
             parent = tracing.where(agent.session.id)  # its span goes where the session is when it starts
@@ -84,8 +84,8 @@ class ModelGateway:
         """The provider's call in a thread of its own, waited for until it ends, times out, goes
         quiet while streaming, or the session or runner stops. An abandoned call is told to stop
         (`_cancel`, which streaming providers check between chunks); its result is dropped."""
-        total = float(agent.limits["model_timeout_s"])
-        idle = float(agent.limits["stream_idle_timeout_s"])
+        total = agent.limits.model_timeout_s
+        idle = agent.limits.stream_idle_timeout_s
         cancel = threading.Event()
         last_chunk = [time.monotonic()]
         stream = ReplyStream(self.ws.runtime, agent.session.id)
@@ -118,8 +118,8 @@ class ModelGateway:
             stream.close()
 
     def _wait(self, agent, box: dict, done, cancel, last_chunk: list, settings: dict) -> ModelReply:
-        total = float(agent.limits["model_timeout_s"])
-        idle = float(agent.limits["stream_idle_timeout_s"])
+        total = agent.limits.model_timeout_s
+        idle = agent.limits.stream_idle_timeout_s
         started = time.monotonic()
         while not done.wait(0.25):
             now = time.monotonic()

@@ -161,8 +161,8 @@ class LiveRequests:
     def _exec(self, agent, code: str) -> dict:
         """The user's code in the session's kernel, recorded in its history as the user's (the model is
         not told: it sees what the code changed, in its kernel)."""
-        res = agent.kernel.execute(code, timeout=float(agent.limits["cell_timeout_s"]))
-        limit = int(agent.limits["output_chars"])
+        res = agent.kernel.execute(code, timeout=agent.limits.cell_timeout_s)
+        limit = agent.limits.output_chars
         agent.record("exec", by="user", code=code, output=cut(res.output, limit),
                      error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
                      restarted=res.restarted, elapsed_s=res.elapsed_s)

@@ -36,6 +36,7 @@ sessions. `from skills import <name>` imports a skill's Python; `rlm(task, agent
 child in that role. `refine(instructions=None)`: improve the harness from this session, at turn end.
 - `history.events(type=None, last=None)`, `history.search(pattern)`: your full history, also what was \
 compacted into a summary."""
+from primefs.store.settings import Limits
 
 
 def describe_context(root: Path, paths: list[str], data: str | None = None) -> str:
@@ -69,11 +70,11 @@ def describe_context(root: Path, paths: list[str], data: str | None = None) -> s
             f"{listing}{more}")
 
 
-def system_prompt(*, root: Path, tool_mode: str, limits: dict, context_paths: list[str],
+def system_prompt(*, root: Path, tool_mode: str, limits: Limits, context_paths: list[str],
                   context_data: str | None = None, role: str | None = None, harness: str = "", tools: str = "") -> str:
     """base, AGENTS.md, the harness (notes, memories, skills, subagents), the role, the kernel API, tools."""
     parts = [BASE.format(how_to_run=HOW_NATIVE if tool_mode == "native" else HOW_FENCED,
-                         output_chars=limits["output_chars"], cell_timeout_s=limits["cell_timeout_s"])]
+                         output_chars=limits.output_chars, cell_timeout_s=limits.cell_timeout_s)]
     agents = root / "AGENTS.md"
     if agents.is_file():
         text = agents.read_text(encoding="utf-8", errors="replace").strip()

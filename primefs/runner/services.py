@@ -70,7 +70,7 @@ class KernelServices:
 
     def op_llm_batch(self, agent, prompts: list[str], model: str | None = None) -> list[str]:
         settings = self._settings(agent, model)
-        workers = max(1, min(len(prompts), int(agent.limits["llm_batch_concurrency"])))
+        workers = max(1, min(len(prompts), agent.limits.llm_batch_concurrency))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-batch")
         try:
             futures = [pool.submit(agent.complete, [{"role": "user", "content": p}], purpose="llm_batch",
@@ -102,7 +102,7 @@ class KernelServices:
                  resources=None) -> dict:
         parent = agent.session
         depth = int(parent.meta.get("depth") or 0) + 1
-        max_depth = int(agent.limits["max_depth"])
+        max_depth = agent.limits.max_depth
         if depth > max_depth:
             raise PrimefsError(f"rlm(): depth limit reached (this session is at depth {depth - 1}; "
                                f"limits.max_depth is {max_depth}); no child was created")

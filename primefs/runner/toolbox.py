@@ -19,7 +19,7 @@ START_WAIT_S = 10.0  # sessions wait no longer than this (from the runner's star
 class ToolBox:
     def __init__(self, ws, pm, log=lambda m: None):
         self.ws, self.log = ws, log
-        self.timeout = float(ws.limits()["tool_timeout_s"])
+        self.timeout = ws.limits().tool_timeout_s
         self._plugin_tools = T.collect(pm, ws.plugins)
         for t in self._plugin_tools:
             if t.problem:

@@ -33,7 +33,7 @@ class Turns:
         self.failed: set[str] = set()  # sessions that failed under this runner (`run --once` exit code)
         self._lock = threading.Lock()
         self._idle: OrderedDict[str, None] = OrderedDict()  # idle sessions holding a kernel, oldest first
-        self.max_idle_kernels = int(ws.limits()["max_idle_kernels"])
+        self.max_idle_kernels = ws.limits().max_idle_kernels
 
     def agent(self, sid: str) -> Agent:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from primefs.errors import PrimefsError
@@ -32,6 +33,38 @@ LIMITS = {
     "snapshot_max_mb":         (256,  "num", ABOVE_ZERO, 1_000_000),
 }
 DEFAULT_LIMITS = {k: v[0] for k, v in LIMITS.items()}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits of a runner or of one session, made once from checked settings (LIMITS has each one's
+    default and range): typed attributes, so no part casts them. A `float` limit keeps the number as
+    written (120 stays 120 in what the model is told)."""
+    cell_timeout_s: float
+    output_chars: int
+    max_steps_per_turn: int
+    model_retries: int
+    model_retry_backoff_s: float
+    model_timeout_s: float
+    stream_idle_timeout_s: float
+    max_depth: int
+    max_concurrent_sessions: int
+    max_idle_kernels: int
+    llm_batch_concurrency: int
+    memory_prompt_chars: int
+    refine_events: int
+    compact_at_tokens: int
+    tool_timeout_s: float
+    snapshot: str
+    snapshot_max_mb: float
+
+    @classmethod
+    def of(cls, values: dict) -> "Limits":
+        """From the defaults updated with `values` (checked ones: check_limits); other keys are ignored."""
+        return cls(**{**DEFAULT_LIMITS, **{k: v for k, v in values.items() if k in LIMITS}})
+
+
+assert [f.name for f in fields(Limits)] == list(LIMITS), "Limits and LIMITS name the same limits"
 CHOICES = {k: v[1] for k, v in LIMITS.items() if isinstance(v[1], tuple)}
 # Limits of earlier versions, accepted and ignored: kernels are no longer pooled or handed on.
 RETIRED = {"kernel_pool", "reuse_kernels"}

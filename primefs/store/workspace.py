@@ -15,7 +15,7 @@ from pathlib import Path
 
 from primefs.errors import PrimefsError
 from primefs.store.frontmatter import load_yaml
-from primefs.store.settings import DEFAULT_LIMITS, TOOL_MODES, check_config, check_limits
+from primefs.store.settings import TOOL_MODES, Limits, check_config, check_limits
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 CONFIG = "primefs.yaml"
@@ -133,11 +133,9 @@ class Workspace:
         self.__dict__["config"] = fresh  # replaces the cached_property's value
         return fresh
 
-    def limits(self, overrides: dict | None = None) -> dict:
-        limits = dict(DEFAULT_LIMITS)
-        limits.update(check_limits(self.config.get("limits") or {}, CONFIG))
-        limits.update(overrides or {})
-        return limits
+    def limits(self, overrides: dict | None = None) -> Limits:
+        """primefs.yaml's limits (checked), then `overrides` (a session's own, checked when it was made)."""
+        return Limits.of({**check_limits(self.config.get("limits") or {}, CONFIG), **(overrides or {})})
 
     def ray_host(self) -> dict | None:
         """The `kind: ray` entry of `hosts:` in primefs.yaml (address, resources per kernel), if any."""
