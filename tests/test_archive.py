@@ -271,7 +271,8 @@ def test_rows_of_archived_sessions_lost_from_the_index_come_back_from_the_manife
     locked out are made good by the next `logs`."""
     import sqlite3
 
-    from primefs.index.db import FILE, Index
+    from primefs.index.database import FILE
+    from primefs.index.db import Index
 
     ws = fan_out(ws)
     grow(ws, 1)

@@ -10,7 +10,7 @@ import time
 import pytest
 from scaletools import cli, fan_out, grow, recount
 
-from primefs.index import db as indexmod
+from primefs.index import database as indexmod
 from primefs.index.db import Index, session_ids
 from primefs.store.session import Session
 

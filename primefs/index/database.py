@@ -1,0 +1,160 @@
+"""The index's database: `.primefs/index.sqlite`, its schema and one connection to it (db.py keeps
+the rows in it up to date)."""
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import threading
+from pathlib import Path
+
+VERSION = 6  # PRAGMA user_version: another version is dropped and rebuilt
+FILE = "index.sqlite"
+SCHEMA = """
+CREATE TABLE sessions (
+  key INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL,
+  name TEXT, parent TEXT, depth INTEGER, status TEXT, stop_reason TEXT, error TEXT, model TEXT, goal TEXT,
+  created TEXT, updated TEXT, node TEXT,
+  turns INTEGER, events INTEGER, usage TEXT, last TEXT, last_ts REAL, broken TEXT, result TEXT,
+  keys TEXT,                              -- stat of history.jsonl, session.yaml, result.md the row came from
+  place TEXT NOT NULL DEFAULT '',         -- '' for sessions/<id>/, else the archive file holding it
+  indexed INTEGER NOT NULL DEFAULT 0,     -- bytes of history.jsonl whose events are in `events`
+  indexed_check TEXT NOT NULL DEFAULT '', -- the bytes before that offset (history.still_there)
+  marks TEXT                              -- mtimes of its folder, mail/new, mail/cur when last seen settled
+);
+CREATE INDEX sessions_parent ON sessions(parent);
+CREATE INDEX sessions_name ON sessions(name);
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: text entries of dropped events match nothing
+  session INTEGER NOT NULL, n INTEGER, ts REAL, type TEXT, model TEXT,
+  pos INTEGER NOT NULL, len INTEGER NOT NULL   -- where its line is in the history: files stay the truth
+);
+CREATE INDEX events_session ON events(session, pos);
+CREATE INDEX events_ts ON events(ts);
+CREATE INDEX events_type ON events(type, model, session);  -- covers -t/-m filters and --counts
+CREATE VIRTUAL TABLE events_text USING fts5(text, content='');
+CREATE TABLE archives (
+  place TEXT PRIMARY KEY,                 -- archive/<root>.zip
+  stat TEXT,                              -- the stat of the file when its manifest was read
+  sessions TEXT NOT NULL                  -- the session ids its manifest names (archived.sync_archives)
+);
+"""
+BUSY_S = 10.0
+
+
+def broken_database(exc: Exception) -> bool:
+    """A file that is not our database (garbage, cut, another schema): rebuilt. A lock is not damage."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        return "no such" in text or "malformed" in text or "not a database" in text
+    return isinstance(exc, sqlite3.DatabaseError)
+
+
+
+class Database:
+    """One SQLite connection to `.primefs/index.sqlite`, shared by a process's threads: made (or made again,
+    when damaged, of another version, or a folder) on open, a cache in memory where the workspace is
+    read-only; `run` and `write` rebuild a damaged file once and go on."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.path = self.root / ".primefs" / FILE
+        self.lock = threading.RLock()  # one connection, shared by the runner's threads
+        self.db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        for attempt in (0, 1):
+            try:
+                self.path.parent.mkdir(exist_ok=True)
+                db = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None, check_same_thread=False)
+                try:
+                    self._prepare(db)
+                except BaseException:
+                    db.close()
+                    raise
+                return db
+            except sqlite3.DatabaseError as exc:
+                if attempt or not (broken_database(exc) or self.path.is_dir()):
+                    break
+                self.remove_files()
+            except OSError:  # a read-only workspace: a cache in memory, filled again by each command
+                break
+        db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._prepare(db)
+        return db
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("BEGIN IMMEDIATE")  # another process may be creating it too: one does, the other sees it
+            try:
+                if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
+                    for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT "
+                                              "LIKE 'sqlite_%' AND name NOT LIKE 'events_text_%'").fetchall():
+                        db.execute(f'DROP TABLE IF EXISTS "{name}"')
+                    for statement in SCHEMA.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
+                    db.execute(f"PRAGMA user_version={VERSION}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        db.execute("SELECT 1 FROM sessions, events, events_text, archives LIMIT 0")  # damaged tables fail here
+        db.execute("PRAGMA synchronous=NORMAL")
+
+    def remove_files(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            path = f"{self.path}{suffix}"
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:  # a folder in a cache file's place: nothing of anyone's
+                shutil.rmtree(path, ignore_errors=True)
+
+    def rebuild(self) -> None:
+        """Start from an empty database (`primefs reindex`)."""
+        with self.lock:
+            self.db.close()
+            self.remove_files()
+            self.db = self._open()
+
+    def run(self, fn, *args):
+        """fn(db, *args) with the lock held; a damaged database is rebuilt once and fn run again."""
+        with self.lock:
+            try:
+                return fn(self.db, *args)
+            except sqlite3.DatabaseError as exc:
+                if not broken_database(exc):
+                    raise
+            self.rebuild()
+            return fn(self.db, *args)
+
+    def write(self, fn, *args) -> bool:
+        """A write transaction; False (nothing written) if the database stays locked by another process."""
+        def tx(db, *a):
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) or "busy" in str(exc):
+                    return False
+                raise
+            try:
+                fn(db, *a)
+                db.execute("COMMIT")
+                return True
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return self.run(tx, *args)
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
