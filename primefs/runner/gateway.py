@@ -18,6 +18,7 @@ from primefs.providers.base import ModelError, ModelReply
 from primefs.providers.models import key_status
 from primefs.runner.bell import Bell
 from primefs.runner.goalctl import GoalControl
+from primefs.runner.workers import Workers
 from primefs.store import redact
 from primefs.store.livefeed import ReplyStream
 from primefs.tracing import spans as tracing
@@ -26,7 +27,8 @@ from primefs.tracing import spans as tracing
 class ModelGateway:
     def __init__(self, ws, providers: list, goals: GoalControl, bell: Bell, log):
         self.ws, self.providers, self.goals, self.bell, self.log = ws, providers, goals, bell, log
-        self.calls: set[threading.Thread] = set()  # provider calls in flight (abandoned ones too)
+        self.calls: set[threading.Event] = set()  # provider calls in flight (abandoned ones too): set when ended
+        self.workers = Workers("model")
         self._calls_lock = threading.Lock()
 
     def complete(self, agent, messages: list[dict], tools, *, purpose: str, settings: dict | None = None) -> ModelReply:
@@ -106,12 +108,11 @@ class ModelGateway:
             finally:
                 done.set()
                 with self._calls_lock:
-                    self.calls.discard(threading.current_thread())
+                    self.calls.discard(done)
 
-        thread = threading.Thread(target=run, name=f"model-{agent.session.id}", daemon=True)
         with self._calls_lock:
-            self.calls.add(thread)
-        thread.start()
+            self.calls.add(done)
+        self.workers.submit(run)
         try:
             return self._wait(agent, box, done, cancel, last_chunk, settings)
         finally:
@@ -142,8 +143,8 @@ class ModelGateway:
         deadline = time.monotonic() + timeout
         with self._calls_lock:
             calls = list(self.calls)
-        for t in calls:
-            t.join(max(0.0, deadline - time.monotonic()))
+        for done in calls:
+            done.wait(max(0.0, deadline - time.monotonic()))
 
     def _pause(self, agent, seconds: float) -> None:
         """Back off before a retry, but give up at once when the session or the runner stops."""

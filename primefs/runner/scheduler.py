@@ -7,10 +7,12 @@ All state is guarded by the bell's lock, so waiters can check it atomically.
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable
 
 from primefs.runner.bell import Bell
+from primefs.runner.workers import Workers
 
 
 class Scheduler:
@@ -19,7 +21,8 @@ class Scheduler:
         self.queued: set[str] = set()   # sessions with input waiting for a turn
         self.active: set[str] = set()   # sessions whose worker runs now
         self.waiting: set[str] = set()  # active sessions blocked in wait(): their slot is free
-        self.threads: list[threading.Thread] = []
+        self.workers = Workers("session", log)
+        self.turns: list[threading.Event] = []  # set when a worker's turn has returned
 
     def add(self, sid: str) -> None:
         with self.bell.cond:
@@ -52,9 +55,7 @@ class Scheduler:
                 break
             self.queued.discard(sid)
             self.active.add(sid)
-            t = threading.Thread(target=self._worker, args=(sid,), name=f"session-{sid}", daemon=True)
-            self.threads = [x for x in self.threads if x.is_alive()] + [t]
-            t.start()
+            self.turns = [t for t in self.turns if not t.is_set()] + [self.workers.submit(self._worker, sid)]
 
     def _worker(self, sid: str) -> None:
         more = False
@@ -82,5 +83,6 @@ class Scheduler:
                 self.waiting.discard(sid)
 
     def join(self, timeout: float) -> None:
-        for t in list(self.threads):
-            t.join(timeout)
+        deadline = time.monotonic() + timeout
+        for t in list(self.turns):
+            t.wait(max(0.0, deadline - time.monotonic()))
