@@ -157,7 +157,7 @@ class Runner:
         if self.scheduler.busy(sid) or sid in self.alive.awake:
             return True
         agent = self.turns.agents.get(sid)
-        return agent is not None and agent.kernel.running() and not self.turns.evict(agent, "its session was archived")
+        return agent is not None and agent.kernel.running() and not self.turns.kernels.evict(agent, "its session was archived")
 
     def _make_agent(self, session: Session) -> Agent:
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,
@@ -304,10 +304,10 @@ class Runner:
 
     def _shutdown(self) -> None:
         self.bell.ring()  # release waiters in wait()/recv()
-        self.turns.interrupt_all()
+        self.turns.kernels.interrupt_all(list(self.turns.agents.values()))
         self.scheduler.join(10)
         self.gateway.drain(2.0)
-        self.turns.shutdown_kernels()
+        self.turns.kernels.shutdown_all(list(self.turns.agents.values()))
         if self.host is not None:
             self.host.close()
         self.toolbox.close()

@@ -79,7 +79,7 @@ class LiveRequests:
         self.close()
         for sid in sorted(self.connected):
             self.log(f"{sid}: kernel_connect is off: its kernel, whose connection file was handed out, is replaced")
-            self.turns.retire_kernel(self.turns.agent(sid), "its connection file was revoked (kernel_connect "
+            self.turns.kernels.retire(self.turns.agent(sid), "its connection file was revoked (kernel_connect "
                                                             "was turned off)")
         self.connected.clear()
 
@@ -143,7 +143,7 @@ class LiveRequests:
                         return fn()
                 finally:
                     agent.turn_lock.release()
-                    self.turns.park(agent)
+                    self.turns.kernels.park(agent)
             if agent.kernel_lock.acquire(timeout=0.2):  # between two steps of the turn
                 busy = False
                 try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Callable
 
 from primefs.errors import PrimefsError
@@ -14,6 +13,7 @@ from primefs.kernels.client import close_thread_loop
 from primefs.runner.agent import Agent
 from primefs.runner.bell import Bell
 from primefs.runner.goalctl import GoalControl
+from primefs.runner.idlekernels import IdleKernels
 from primefs.runner.postoffice import PostOffice
 from primefs.runner.scheduler import Scheduler
 from primefs.runner.tree import SessionTree
@@ -32,8 +32,7 @@ class Turns:
         self.agents: dict[str, Agent] = {}
         self.failed: set[str] = set()  # sessions that failed under this runner (`run --once` exit code)
         self._lock = threading.Lock()
-        self._idle: OrderedDict[str, None] = OrderedDict()  # idle sessions holding a kernel, oldest first
-        self.max_idle_kernels = ws.limits().max_idle_kernels
+        self.kernels = IdleKernels(ws.limits().max_idle_kernels)
 
     def agent(self, sid: str) -> Agent:
         with self._lock:
@@ -55,8 +54,7 @@ class Turns:
         try:
             agent = self.agent(sid)
             with agent.turn_lock:
-                with self._lock:
-                    self._idle.pop(sid, None)
+                self.kernels.taken(sid)
                 while not self.bell.stopping and self._begin_turn(agent):
                     self._turn(agent)
         except Exception as exc:  # never let one session take the runner down
@@ -66,8 +64,8 @@ class Turns:
             return False  # the mail that was waiting would fail it again at once: new mail wakes it
         finally:
             if agent is not None and not self.bell.stopping:
-                self.park(agent)
-            close_thread_loop()  # this thread ends with this call (scheduler.py): its asyncio loop with it
+                self.kernels.park(agent)
+            close_thread_loop()  # the next job of this worker thread may be any session's: no loop is kept for it
         if self.bell.stopping:
             return False
         try:
@@ -230,64 +228,6 @@ class Turns:
             agent.pending_refine = request
             return
         threading.Thread(target=self.refine, args=(agent,), kwargs=request, daemon=True).start()
-
-    # -- kernels of idle sessions -----------------------------------------------------------------
-    def park(self, agent: Agent) -> None:
-        """Keep an idle session's kernel for its next turn, within limits.max_idle_kernels: the oldest
-        idle ones are snapshotted and shut down (their next turn restores them)."""
-        if not agent.kernel.running():
-            return
-        if agent.retire_kernel:  # asked for during the turn
-            why, agent.retire_kernel = agent.retire_kernel, None
-            agent.kernel.shutdown(snapshot="idle")
-            agent.kernel_gone = why
-            return
-        if agent.session.status == "stopped":
-            agent.kernel.shutdown(snapshot="stopped")
-            return
-        sid = agent.session.id
-        with self._lock:
-            self._idle[sid] = None
-            self._idle.move_to_end(sid)
-            evict = []
-            while len(self._idle) > self.max_idle_kernels:
-                evict.append(self._idle.popitem(last=False)[0])
-        for old in evict:
-            threading.Thread(target=self.evict, args=(self.agents[old],), name=f"evict-{old}", daemon=True).start()
-
-    def evict(self, agent: Agent, why: str = "it was shut down while the session was idle") -> bool:
-        """Snapshot and shut down an idle session's kernel; False if a turn holds it (it keeps it)."""
-        if not agent.turn_lock.acquire(blocking=False):
-            return False
-        try:
-            if agent.kernel.running():
-                agent.kernel.shutdown(snapshot="idle")
-                agent.kernel_gone = why
-        finally:
-            agent.turn_lock.release()
-        return True
-
-    def retire_kernel(self, agent: Agent, why: str) -> None:
-        """This session's kernel must go (e.g. its connection file was revoked): now if it is idle, else
-        when its turn ends."""
-        if not self.evict(agent, why):
-            agent.retire_kernel = why
-
-    def shutdown_kernels(self) -> None:
-        """Runner stop: every kernel is snapshotted, then shut down (in parallel)."""
-        threads = [threading.Thread(target=a.kernel.shutdown, kwargs={"snapshot": "stop"}, daemon=True)
-                   for a in list(self.agents.values()) if a.kernel.handle is not None]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-
-    def interrupt_all(self) -> None:
-        for a in list(self.agents.values()):
-            try:
-                a.kernel.interrupt()
-            except Exception:  # already gone
-                pass
 
 
 def _unanswered_input(agent: Agent) -> bool:
