@@ -304,7 +304,7 @@ def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> lis
         t.join(0.5)
         for iid, s in sessions.items():
             if iid not in finished and s.reload().get("status") in FINISHED \
-                    and not runner.busy(s.id):
+                    and not runner.scheduler.busy(s.id):
                 finished.add(iid)
                 if progress:
                     progress(1)

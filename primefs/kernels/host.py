@@ -107,3 +107,18 @@ class KernelHost(ABC):
         """What `primefs runner` shows of the host (written to .primefs/runner.json)."""
         pids = self.kernel_pids()
         return {"live_kernels": len(pids), "kernel_pids": pids}
+
+
+def make_host(ws, ray: str | None, handle, log) -> KernelHost:
+    """Local kernels, or kernels on a Ray cluster (`run --ray ADDRESS`, or `hosts:` of kind ray in
+    primefs.yaml). `handle(session id, op, args)` answers the kernels' verified requests."""
+    given = ws.ray_host()
+    if ray or given:
+        from primefs.kernels.ray import RayKernelHost
+
+        address = ray or given["address"]
+        log(f"kernels on the Ray cluster at {address}")
+        return RayKernelHost(address, ws.root, handle, log, resources=(given or {}).get("resources"))
+    from primefs.kernels.local import LocalKernelHost
+
+    return LocalKernelHost(ws.runtime, ws.root, handle, log)

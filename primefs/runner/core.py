@@ -9,10 +9,8 @@ it look sooner. One runner per workspace (an fcntl lock).
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import resource
-import shutil
 import signal
 import sys
 import threading
@@ -24,6 +22,7 @@ from primefs.errors import PrimefsError
 from primefs.index import archive
 from primefs.kernels import boxes
 from primefs.kernels.forkserver import hide_from_same_user
+from primefs.kernels.host import make_host
 from primefs.plugins import end_conditions, plugin_manager, providers
 from primefs.runner import warmup
 from primefs.runner.agent import Agent
@@ -39,18 +38,16 @@ from primefs.runner.services import KernelServices
 from primefs.runner.toolbox import ToolBox
 from primefs.runner.tree import SessionTree
 from primefs.runner.turns import Turns
-from primefs.runner.watcher import watch
+from primefs.runner.watcher import meaning, watch
 from primefs.store import redact
-from primefs.store.control import REFINE_FILE, STOP_FILE, lock_path, state_path, take_refine_request
-from primefs.store.fsutil import NAME_RE, write_atomic
+from primefs.store.control import STOP_FILE, lock_path, state_path, take_refine_request, write_state
+from primefs.store.fsutil import NAME_RE
 from primefs.store.gitops import Committer, commit_cut_off
 from primefs.store.session import Session
 from primefs.store.settings import check_sandbox
 from primefs.store.workspace import Workspace
 
 RESCAN_S = 5.0
-# What in an awake session's folder can bring it work: not its history or summary, written at every event
-LOOKED_AT = ("mail", STOP_FILE, REFINE_FILE, "heartbeats", "session.yaml")
 STATE_S = 2.0  # how often .primefs/runner.json is refreshed
 
 
@@ -164,9 +161,6 @@ class Runner:
                      bell=self.bell, toolbox=self.toolbox)
 
     # -- what other code may ask ------------------------------------------------------------------
-    def busy(self, sid: str) -> bool:
-        return self.scheduler.busy(sid)
-
     def refine(self, sid: str, **request) -> dict:
         return self.turns.refine(self.turns.agent(sid), **request)
 
@@ -194,7 +188,7 @@ class Runner:
         observer = None
         self._handle_sigterm()
         try:
-            self.host = self._kernel_host()
+            self.host = make_host(self.ws, self.ray, self.services.handle, self.log)
             threading.Thread(target=self.guarded, args=("the sandbox check", self._say_sandbox), daemon=True,
                              name="primefs-sandbox-check").start()
             self.toolbox.start()
@@ -231,20 +225,6 @@ class Runner:
             warmup.configured(self.ws)
         if warmup.litellm_models(self.ws, self.gateway.providers, names):
             warmup.start()
-
-    def _kernel_host(self):
-        """Local kernels, or kernels on a Ray cluster (`--ray ADDRESS`, or `hosts:` of kind ray)."""
-        ray = self.ws.ray_host()
-        if self.ray or ray:
-            from primefs.kernels.ray import RayKernelHost
-
-            address = self.ray or ray["address"]
-            self.log(f"kernels on the Ray cluster at {address}")
-            return RayKernelHost(address, self.ws.root, self.services.handle, self.log,
-                                 resources=(ray or {}).get("resources"))
-        from primefs.kernels.local import LocalKernelHost
-
-        return LocalKernelHost(self.ws.runtime, self.ws.root, self.services.handle, self.log)
 
     def guarded(self, what: str, fn, *args) -> None:
         """Run one step of the loop (or a watchdog hint); a failure is logged once, never fatal."""
@@ -292,15 +272,8 @@ class Runner:
         """.primefs/runner.json: what `primefs runner` shows (pid, since, kernels, memory), and its MCP servers
         as `primefs tools` shows them."""
         host = self.host.state() if self.host else {"live_kernels": 0, "kernel_pids": []}
-        state = {"pid": os.getpid(), "started": self.started_at, "updated": time.time(), **self.scheduler.snapshot(),
-                 **host, "mcp_tools": self.toolbox.mcp_state()}
-        path = state_path(self.ws)
-        try:
-            write_atomic(path, json.dumps(state, indent=1), durable=False)
-        except IsADirectoryError:  # a folder in the runner's own file's place: taken away, written next time
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass
+        write_state(self.ws, {"pid": os.getpid(), "started": self.started_at, "updated": time.time(),
+                              **self.scheduler.snapshot(), **host, "mcp_tools": self.toolbox.mcp_state()})
 
     def _shutdown(self) -> None:
         self.bell.ring()  # release waiters in wait()/recv()
@@ -328,27 +301,20 @@ class Runner:
 
     def hint(self, path: Path) -> None:
         """A file event: look at that goal, session or harness entry now (the files decide)."""
-        if path.parent == self.requests.dir:
-            if self.intake.check_config():
-                self._configure()
+        kind, sid = meaning(self.ws, path)
+        if kind in ("request", "goal", "goals") and self.intake.check_config():  # e.g. a goal's model just added
+            self._configure()
+        if kind == "request":
             self.requests.take(path)
-            return
-        try:
-            rel = path.relative_to(self.ws.root).parts
-        except ValueError:
-            return
-        if rel[:1] == ("goals",):
-            if self.intake.check_config():  # e.g. a goal for a model just added to primefs.yaml
-                self._configure()
-        if rel[:1] == ("goals",) and path.suffix == ".md" and not path.name.startswith("."):
+        elif kind == "goal":
             self.intake.scan_goals()
-        elif rel[:1] == ("harness",) or (len(rel) > 2 and rel[0] == "sessions" and rel[2] == "harness"):
+        elif kind == "harness":
             self.intake.harness_touched()
-            if rel[0] == "sessions" and path.is_dir():  # a new folder of an awake session's harness
-                self.alive.watch_harness(rel[1], path)
-        elif len(rel) >= 2 and rel[0] == "sessions" and (len(rel) == 2 or rel[2] in LOOKED_AT):
-            self.alive.look(rel[1])  # the doorbell (the folder itself), mail, a request, heartbeats
-        elif rel == ("sessions",):  # events were lost: look at everything soon
+            if sid and path.is_dir():  # a new folder of an awake session's harness
+                self.alive.watch_harness(sid, path)
+        elif kind == "session":
+            self.alive.look(sid)  # the doorbell (the folder itself), mail, a request, heartbeats
+        elif kind == "sessions":  # events were lost: look at everything soon
             self.alive.look_soon()
 
     # -- finding work -----------------------------------------------------------------------------
@@ -359,13 +325,11 @@ class Runner:
             self.log(f"archive of {root}: finished or undone after a crash")
         for path in archive.conflicts(self.ws):
             self.log(f"kept aside by an archive roll-back (its place was taken): {path}")
-        self.guarded("committing what a stopped runner staged", self._commit_cut_off)
+        cut_off = []
+        self.guarded("committing what a stopped runner staged", lambda: cut_off.extend(commit_cut_off(self.ws.root)))
+        if cut_off:
+            self.log(f"committed {len(cut_off)} session folder(s) a stopped runner had staged but not committed")
         self.alive.start()
-
-    def _commit_cut_off(self) -> None:
-        folders = commit_cut_off(self.ws.root)
-        if folders:
-            self.log(f"committed {len(folders)} session folder(s) a stopped runner had staged but not committed")
 
     def _flush_commits(self) -> None:
         if self.turns.committer is not None:

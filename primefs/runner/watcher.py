@@ -9,6 +9,34 @@ from pathlib import Path
 from typing import Callable
 
 from primefs.runner.liverequests import requests_dir
+from primefs.store.control import REFINE_FILE, STOP_FILE
+
+# What in an awake session's folder can bring it work: not its history or summary, written at every event
+LOOKED_AT = ("mail", STOP_FILE, REFINE_FILE, "heartbeats", "session.yaml")
+
+
+def meaning(ws, path: Path) -> tuple[str, str | None]:
+    """What a changed path means to the runner: (kind, session id or None). Kinds: "request" (a file
+    of .primefs/requests), "goal" (goals/*.md), "goals" (another file there), "harness" (the harness,
+    or a session's own: its id), "session" (what can bring a session work: its id), "sessions"
+    (sessions/ itself: events were lost), "" (nothing to do)."""
+    if path.parent == requests_dir(ws):
+        return "request", None
+    try:
+        rel = path.relative_to(ws.root).parts
+    except ValueError:
+        return "", None
+    if rel[:1] == ("goals",):
+        return ("goal" if path.suffix == ".md" and not path.name.startswith(".") else "goals"), None
+    if rel[:1] == ("harness",):
+        return "harness", None
+    if len(rel) > 2 and rel[0] == "sessions" and rel[2] == "harness":
+        return "harness", rel[1]
+    if len(rel) >= 2 and rel[0] == "sessions" and (len(rel) == 2 or rel[2] in LOOKED_AT):
+        return "session", rel[1]
+    if rel == ("sessions",):
+        return "sessions", None
+    return "", None
 
 
 class Watch:

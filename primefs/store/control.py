@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,6 +55,17 @@ def read_lock_file(ws) -> tuple[int | None, float | None]:
     except ValueError:
         started = None
     return pid, started
+
+
+def write_state(ws, state: dict) -> None:
+    """The running runner's `.primefs/runner.json` (what `primefs runner` and `primefs tools` show)."""
+    path = state_path(ws)
+    try:
+        write_atomic(path, json.dumps(state, indent=1), durable=False)
+    except IsADirectoryError:  # a folder in the runner's own file's place: taken away, written next time
+        shutil.rmtree(path, ignore_errors=True)
+    except OSError:
+        pass
 
 
 def read_state(ws) -> dict | None:
