@@ -19,6 +19,7 @@ from primefs.runner.scheduler import Scheduler
 from primefs.runner.tree import SessionTree
 from primefs.store.conversation import INTERRUPTED, RESUMED, fenced_code
 from primefs.store.gitops import Committer, Mark
+from primefs.store.history import latest_events
 from primefs.store.session import Session
 from primefs.tracing import spans as tracing
 
@@ -232,7 +233,7 @@ class Turns:
 
 def _unanswered_input(agent: Agent) -> bool:
     """A message recorded after the last turn ended, with no turn since: a runner died in between."""
-    for e in reversed(agent.session.events()):
+    for e in latest_events(agent.session.dir / "history.jsonl"):
         if e["type"] in ("turn_end", "turn_start"):
             return False
         if e["type"] == "message" and not e.get("read_by"):

@@ -220,6 +220,32 @@ def still_there(f, offset: int, check: str, size: int) -> bool:
     return offset <= size and (offset == 0 or check_at(f, offset) == check)
 
 
+def latest_events(path: Path, chunk: int = 1 << 16) -> Iterator[dict]:
+    """The complete events of a history from its end back, read only as far as the caller goes: what
+    came since the last turn costs a few kilobytes, not the whole file (which grows for the life of a
+    session). A torn or garbled line is skipped, as by iter_events."""
+    try:
+        f = open_regular(path)
+    except OSError:
+        return
+    with f:
+        pos, rest = os.fstat(f.fileno()).st_size, None  # None: still after the last newline
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            lines = (f.read(pos - start) + (rest or b"")).split(b"\n")
+            pos = start
+            if rest is None:  # what follows the last newline: nothing, or a line still being written
+                if len(lines) == 1 and start > 0:
+                    continue
+                lines.pop()
+            rest = lines.pop(0) if start > 0 else b""  # the start of a line that began before this chunk
+            for line in reversed(lines):
+                e = parse_event(line)
+                if e is not None:
+                    yield e
+
+
 def read_events(path: Path, type: str | None = None) -> list[dict]:
     return [e for e in iter_events(path) if type is None or e.get("type") == type]
 
