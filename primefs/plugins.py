@@ -57,12 +57,18 @@ def plugin_manager(workspace_root: Path | None = None) -> pluggy.PluginManager:
                     pm.primefs_failed.append({"name": f"workspace:{path.name}", "source": str(path),
                                               "kind": "workspace file",
                                               "error": trust.untrusted_note(rel, "this plugin is")})
+    if chosen:
+        _say_unknown(pm, chosen)
+    return pm
+
+
+def _say_unknown(pm: pluggy.PluginManager, chosen: set[str]) -> None:
+    """Names PRIMEFS_LOAD_PLUGINS gives that match no plugin: a typo must not look like a plugin with no hooks."""
     seen = {n.removeprefix("workspace:").removesuffix(".py") for n, _ in pm.list_name_plugin()}
     seen |= {f["name"].removeprefix("workspace:").removesuffix(".py") for f in pm.primefs_failed}
-    for name in sorted((chosen or set()) - seen):  # a typo must not look like a plugin with no hooks
+    for name in sorted(chosen - seen):
         pm.primefs_failed.append({"name": name, "source": "PRIMEFS_LOAD_PLUGINS", "kind": "chosen",
                                   "error": "no installed plugin (entry point) or workspace plugin file has this name"})
-    return pm
 
 
 def _load_entry_points(pm: pluggy.PluginManager, chosen: set[str] | None) -> None:

@@ -130,6 +130,8 @@ def machine_notes(box: dict | None) -> tuple[dict | None, list[str]]:
     the default sandbox where none can be had runs without one; limits kept only per process are said."""
     if box is None:
         return None, []
-    if box.get("default") and unavailable():
-        return None, [f"{NONE_HERE}: {unavailable()}"]
-    return box, [weaker_limits()] if weaker_limits() else []
+    why = unavailable() if box.get("default") else None
+    if why:
+        return None, [f"{NONE_HERE}: {why}"]
+    limits = weaker_limits()
+    return box, [limits] if limits else []

@@ -233,7 +233,7 @@ class Turns:
 
 def _unanswered_input(agent: Agent) -> bool:
     """A message recorded after the last turn ended, with no turn since: a runner died in between."""
-    for e in latest_events(agent.session.dir / "history.jsonl"):
+    for e in latest_events(agent.session.history.path):
         if e["type"] in ("turn_end", "turn_start"):
             return False
         if e["type"] == "message" and not e.get("read_by"):

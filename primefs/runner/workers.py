@@ -53,6 +53,6 @@ class Workers:
                 if self.log:
                     self.log(f"error in a {self.name} worker: {type(exc).__name__}: {exc}")
             finally:
-                done.set()
-                with self.lock:
+                with self.lock:  # idle before done: a caller that waited for this job and submits again reuses it
                     self.idle += 1
+                done.set()
