@@ -7,8 +7,8 @@ import json
 import os
 import subprocess
 
-from conftest import sigkill_runner_when, wait_for
-from scaletools import cli, fan_out, recount
+from conftest import cli, sigkill_runner_when, wait_for
+from scaletools import fan_out, recount
 
 from primefs.store import summary
 from primefs.index.db import session_ids
@@ -58,8 +58,8 @@ def test_appended_events_are_read_from_the_offset_only(ws, monkeypatch):
     s.history.append("turn_start", turn=1, resumed=True)  # a resumed turn is not a new turn
     s.history.append("turn_end", turn=1, outcome="idle", elapsed_s=2.5, status="idle", stop_reason="answered")
     starts = []
-    real = summary.iter_lines
-    monkeypatch.setattr(summary, "iter_lines", lambda f, start, end: starts.append(start) or real(f, start, end))
+    real = summary.NewEvents
+    monkeypatch.setattr(summary, "NewEvents", lambda f, start, end: starts.append(start) or real(f, start, end))
     after = summary.fresh(folder)
     assert starts == [before["offset"]]  # only what was appended was read
     assert after["turns"] == before["turns"] and after["usage"]["calls"] == before["usage"]["calls"] + 1

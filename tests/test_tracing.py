@@ -160,6 +160,26 @@ def test_response_model_is_what_the_provider_said_live_and_replayed(ws, server, 
     assert chat["gen_ai.response.model"] == "test-model"  # as the server named it
 
 
+def test_hand_written_numbers_are_counted_as_primefs_usage_counts_them(ws, server, memory):
+    """A history line written by hand with a string or NaN where a count goes: the replay's span and its
+    totals count it as nothing (as `primefs usage` does), and nothing fails."""
+    from primefs.tracing.replay import replay
+
+    ws = use_server(ws, server)
+    write_goal(ws, "say hello", name="hello")
+    run_once(ws)
+    (s,) = list_sessions(ws.sessions)
+    with open(s.dir / "history.jsonl", "a") as f:
+        f.write(json.dumps({"type": "model_call", "ts": 1e9, "model": "m", "input_tokens": "many",
+                            "output_tokens": float("nan"), "cost_usd": "free", "attempt": "2", "latency_s": None})
+                + "\n")
+    chats = [r["attributes"] for r in records(replayed(ws, "hello")) if r["name"] == "chat m"]
+    assert chats == [chats[0]] and chats[0]["gen_ai.usage.input_tokens"] == 0 and chats[0]["primefs.cost_usd"] == 0
+    counts = replay(ws, s.id, tracing.make_provider(span_exporter=InMemorySpanExporter()).get_tracer("t"))
+    usage = json.loads(CliRunner().invoke(main, ["-w", str(ws.root), "usage", "hello", "--json"]).output)["tree"]
+    assert (counts["input_tokens"], counts["output_tokens"]) == (usage["input_tokens"], usage["output_tokens"]) > (0, 0)
+
+
 def test_a_cell_cut_off_by_a_killed_runner_is_replayed(ws):
     """SIGKILL mid-cell: no `cell` event ever says it ended. The replay still shows it, cut off at its runner's
     last event (the llm() call it made), before and after a new runner resumes the turn, with the same ids."""

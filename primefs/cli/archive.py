@@ -12,14 +12,14 @@ from primefs.cli.logs import split_list
 from primefs.cli.options import workspace, ws_option
 from primefs.errors import PrimefsError
 from primefs.index import archive
-from primefs.store.control import runner_lock
+from primefs.store.control import ask_runner, runner_lock
 from primefs.views.when import parse_when
 
 
 @contextmanager
 def one_at_a_time(ws, timeout: float):
-    """One `primefs archive` at a time: a second waits for the first (which holds the runner lock
-    without being a runner, and shares the one request file with a runner)."""
+    """One `primefs archive` at a time: a second waits for the first (which may hold the runner lock
+    without being a runner)."""
     ws.state.mkdir(exist_ok=True)
     with open(ws.state / "archive.lock", "a+") as lock:
         deadline, said = time.monotonic() + timeout, False
@@ -73,7 +73,8 @@ def archive_cmd(ctx, before, statuses, dry_run, timeout, as_json):
     else:
         with one_at_a_time(ws, timeout), runner_lock(ws) as held:
             result = (archive.run(ws, before=args["before"], statuses=tuple(args["statuses"])) if held
-                      else archive.ask_runner(ws, args, timeout))
+                      else ask_runner(ws, {"op": "archive", **args}, timeout, busy_hint=(
+                          " (it is still archiving, or busy); see `primefs status`, or wait longer with --timeout")))
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

@@ -128,14 +128,39 @@ def attach(ctx, session, last):
     An idle or finished session takes a turn for each message (a runner must run: `primefs up`).
     Replies show as they stream. Ctrl-D or Ctrl-C detaches (the session is not stopped).
     """
-    from primefs.store.mail import deliver
-
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
     console = out()
     notes = err()
     stop = threading.Event()
     problems: list[str] = []
+    _say_attached(console, ws, s)
+    reader = threading.Thread(target=_read_typed_lines, args=(_mailer(s, notes), stop, problems),
+                              name="primefs-attach-input", daemon=True)
+    reader.start()
+    try:
+        follow(s, console, stop_event=stop, last=None if last < 0 else last)
+    except KeyboardInterrupt:
+        stop.set()
+    for p in problems:
+        notes.print(f"[red]error:[/red] reading input: {escape(p)}")
+    console.print(f"detached; {_where_it_stands(ws, s)}", markup=False, soft_wrap=True)
+
+
+def _say_attached(console: Console, ws, s: Session) -> None:
+    """What attach does, and what would keep a message from being answered now."""
+    console.print(f"[dim]attached to {s.id} ({escape(s.name)}): type a message and press Enter; "
+                  "Ctrl-D or Ctrl-C detaches[/dim]", soft_wrap=True)
+    if not runner_state(ws)["running"]:
+        console.print("[yellow]note:[/yellow] no runner is running: messages wait in the mailbox until "
+                      "one starts (`primefs up`)", soft_wrap=True)
+    if s.status == "stopped":
+        console.print("[yellow]note:[/yellow] this session is stopped: it takes no more turns")
+
+
+def _mailer(s: Session, notes: Console):
+    """A function that mails one typed line (bytes) to the session, as `kind: user`; blank lines are not sent."""
+    from primefs.store.mail import deliver
 
     def send(raw: bytes) -> None:
         text = raw.decode("utf-8", "replace").rstrip("\r")
@@ -146,44 +171,32 @@ def attach(ctx, session, last):
         except OSError as exc:
             notes.print(f"[red]error:[/red] could not deliver: {escape(str(exc))}")
 
-    def read_input() -> None:
-        # The raw descriptor, not sys.stdin: a daemon thread blocked inside sys.stdin's buffer lock
-        # can abort the interpreter at exit. A tty in canonical mode returns one line per read;
-        # Ctrl-D on an empty line returns b"" (end of input).
-        fd = sys.stdin.fileno()
-        pending = b""
-        try:
-            while not stop.is_set():
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    if pending:
-                        send(pending)
-                    break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    send(line)
-        except Exception as exc:  # never die silently: the main thread reports it
-            problems.append(f"{type(exc).__name__}: {exc}")
-        finally:
-            stop.set()
+    return send
 
-    console.print(f"[dim]attached to {s.id} ({escape(s.name)}): type a message and press Enter; "
-                  "Ctrl-D or Ctrl-C detaches[/dim]", soft_wrap=True)
-    if not runner_state(ws)["running"]:
-        console.print("[yellow]note:[/yellow] no runner is running: messages wait in the mailbox until "
-                      "one starts (`primefs up`)", soft_wrap=True)
-    if s.status == "stopped":
-        console.print("[yellow]note:[/yellow] this session is stopped: it takes no more turns")
-    reader = threading.Thread(target=read_input, name="primefs-attach-input", daemon=True)
-    reader.start()
+
+def _read_typed_lines(send, stop: threading.Event, problems: list[str]) -> None:
+    """`send` each line typed on stdin until end of input or `stop`; then set `stop` (what went wrong goes in
+    `problems`)."""
+    # The raw descriptor, not sys.stdin: a daemon thread blocked inside sys.stdin's buffer lock
+    # can abort the interpreter at exit. A tty in canonical mode returns one line per read;
+    # Ctrl-D on an empty line returns b"" (end of input).
+    fd = sys.stdin.fileno()
+    pending = b""
     try:
-        follow(s, console, stop_event=stop, last=None if last < 0 else last)
-    except KeyboardInterrupt:
+        while not stop.is_set():
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                if pending:
+                    send(pending)
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                send(line)
+    except Exception as exc:  # never die silently: the main thread reports it
+        problems.append(f"{type(exc).__name__}: {exc}")
+    finally:
         stop.set()
-    for p in problems:
-        notes.print(f"[red]error:[/red] reading input: {escape(p)}")
-    console.print(f"detached; {_where_it_stands(ws, s)}", markup=False, soft_wrap=True)
 
 
 def _where_it_stands(ws, s: Session) -> str:

@@ -289,14 +289,15 @@ def exec_cmd(ctx, session, code, as_json):
     The model is not told; `primefs send` it a message if it should know. Needs a running runner.
     Exit code: 0, or 1 when the code raised (the error is printed on stderr).
     """
-    from primefs.runner.liverequests import BUSY_WAIT_S, ask_runner
+    from primefs.runner.liverequests import BUSY_WAIT_S
+    from primefs.store.control import ask_runner
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
     if code == "-":
         code = sys.stdin.read()
     limits = ws.limits(s.meta.get("limits") or {})
-    reply = ask_runner(ws, "exec", limits.cell_timeout_s + BUSY_WAIT_S + 60, session=s.id, code=code)
+    reply = ask_runner(ws, {"op": "exec", "session": s.id, "code": code}, limits.cell_timeout_s + BUSY_WAIT_S + 60)
     if as_json:
         emit(True, reply, "")
     else:
@@ -318,11 +319,11 @@ def kernel_cmd(ctx, session, as_json):
     """Print a connection file for SESSION's live kernel: `jupyter console --existing FILE` (pip install
     jupyter-console) then works in it, alongside the agent. Off unless primefs.yaml has
     `kernel_connect: true`: whoever can read the file can run code as you (docs/cli.md)."""
-    from primefs.runner.liverequests import ask_runner
+    from primefs.store.control import ask_runner
 
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
-    reply = ask_runner(ws, "kernel", 120.0, session=s.id)
+    reply = ask_runner(ws, {"op": "kernel", "session": s.id}, 120.0)
     emit(as_json, {"session": s.id, **reply}, reply["connection_file"])
     if not as_json:
         err().print(f"jupyter console --existing {reply['connection_file']}", markup=False, soft_wrap=True)

@@ -189,19 +189,7 @@ class Harness:
         None removes a key). `files` (skills only): {"mod.py": code, "old.py": None to delete}."""
         check_kind(kind)
         check_entry_name(name)
-        # a harness entry is committed and shown to every later session: known secrets never go in
-        body, description = (redact.text(body) if body is not None else None), \
-            (redact.text(description) if description is not None else None)
-        fields = redact.value(fields)
-        files = {k: (redact.text(v) if isinstance(v, str) else v) for k, v in files.items()} if files else files
-        if files and kind != "skill":
-            raise PrimefsError("files=... is only for skills (their Python modules)")
-        for fname in files or {}:
-            if check_name(fname, "skill file name") == SKILL_FILE:
-                raise PrimefsError(f"{SKILL_FILE} is written from body/description, not files=...")
-        for key in fields:
-            if key in ("name", "primefs"):
-                raise PrimefsError(f"{key!r} is set by primefs; not a field you can pass")
+        body, description, fields, files = _checked_change(kind, body, description, fields, files)
         path = self._path(self._base(scope, session), kind, name)
         trailers = provenance(session, kind, name, self._rel(path), source, evidence, intent)
         md = path / SKILL_FILE if kind == "skill" else path
@@ -217,35 +205,12 @@ class Harness:
                 meta, old_body = CommentedMap(), ""
                 if kind in ("skill", "agent") and not description:
                     raise PrimefsError(f"a new {kind} needs a description: it is all the model sees of it")
-            meta["name"] = name
-            if description is not None:
-                meta["description"] = description
-            for key, value in fields.items():
-                key = key.replace("_", "-")
-                if value is None:
-                    meta.pop(key, None)
-                else:
-                    meta[key] = value
+            _set_front_matter(meta, name, description, fields)
             text = body if body is not None else old_body
             if existing and _content(meta, text) == before and _same_files(path, files):
                 return None  # only the timestamp and provenance would change: not worth a commit
-            pf = meta.get("primefs")
-            if not isinstance(pf, dict):
-                pf = meta["primefs"] = CommentedMap()
-            now = iso()
-            pf.setdefault("created", now)
-            pf["updated"], pf["source"] = now, source
-            if session:
-                pf["session"] = session
-            else:
-                pf.pop("session", None)  # a stale author would be wrong provenance
-            md.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(md, frontmatter.dump(meta, text if text.endswith("\n") else text + "\n"))
-            for fname, code in (files or {}).items():
-                if code is None:
-                    (path / fname).unlink(missing_ok=True)
-                else:
-                    write_atomic(path / fname, code)
+            _stamp(meta, source, session)
+            _write_entry(md, path, meta, text, files)
             line = summary(description or meta.get("description") or text)
             subject = f"harness({kind}/{name}): {'update' if existing else 'add'}" + (f" - {line}" if line else "")
             return self.git.commit([self._rel(path)], subject, trailers)
@@ -296,6 +261,62 @@ def record_outcome(ws: Workspace, sha: str, outcome: str, note: str | None = Non
 
 
 # -- helpers ------------------------------------------------------------------------------------------
+def _checked_change(kind: str, body, description, fields: dict, files):
+    """What `put` was given, redacted, once it is a change `put` may make (else PrimefsError)."""
+    # a harness entry is committed and shown to every later session: known secrets never go in
+    body, description = (redact.text(body) if body is not None else None), \
+        (redact.text(description) if description is not None else None)
+    fields = redact.value(fields)
+    files = {k: (redact.text(v) if isinstance(v, str) else v) for k, v in files.items()} if files else files
+    if files and kind != "skill":
+        raise PrimefsError("files=... is only for skills (their Python modules)")
+    for fname in files or {}:
+        if check_name(fname, "skill file name") == SKILL_FILE:
+            raise PrimefsError(f"{SKILL_FILE} is written from body/description, not files=...")
+    for key in fields:
+        if key in ("name", "primefs"):
+            raise PrimefsError(f"{key!r} is set by primefs; not a field you can pass")
+    return body, description, fields, files
+
+
+def _set_front_matter(meta, name: str, description: str | None, fields: dict) -> None:
+    """Edit the front matter in place: name, description, and `fields` (`a_b` -> `a-b`; None removes a key)."""
+    meta["name"] = name
+    if description is not None:
+        meta["description"] = description
+    for key, value in fields.items():
+        key = key.replace("_", "-")
+        if value is None:
+            meta.pop(key, None)
+        else:
+            meta[key] = value
+
+
+def _stamp(meta, source: str, session: str | None) -> None:
+    """The `primefs:` block: when the entry was made and changed, by whom."""
+    pf = meta.get("primefs")
+    if not isinstance(pf, dict):
+        pf = meta["primefs"] = CommentedMap()
+    now = iso()
+    pf.setdefault("created", now)
+    pf["updated"], pf["source"] = now, source
+    if session:
+        pf["session"] = session
+    else:
+        pf.pop("session", None)  # a stale author would be wrong provenance
+
+
+def _write_entry(md: Path, path: Path, meta, text: str, files: dict | None) -> None:
+    """The entry's .md file (a skill's SKILL.md), and a skill's `files` (code, or None to delete)."""
+    md.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(md, frontmatter.dump(meta, text if text.endswith("\n") else text + "\n"))
+    for fname, code in (files or {}).items():
+        if code is None:
+            (path / fname).unlink(missing_ok=True)
+        else:
+            write_atomic(path / fname, code)
+
+
 def _content(meta, body: str) -> str:
     """What an entry says, without its `primefs:` block (timestamps, who wrote it last)."""
     data = {k: v for k, v in meta.items() if k != "primefs"}

@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import stat
-import threading
 import time
 import zipfile
 from collections import Counter, defaultdict
@@ -336,75 +335,21 @@ def run(ws, *, before: float | None = None, statuses=DEFAULT_STATUSES, dry_run: 
 
 
 # -- with a runner running: it does the work (it knows which sessions are in use) -------------------------
-REQUEST = "archive.request"
-
-
-def ask_runner(ws, request: dict, timeout: float) -> dict:
-    """Leave a request for the running runner and wait for its answer."""
-    from primefs.store.control import runner_lock
-
-    rid = secrets.token_hex(4)
-    write_atomic(ws.state / REQUEST, json.dumps({"id": rid, **request}))
-    answer = ws.state / f"archive-{rid}.json"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if answer.exists():
-            result = json.loads(answer.read_text())
-            answer.unlink()
-            if result.get("error"):
-                raise PrimefsError(f"the runner could not archive: {result['error']}")
-            return result
-        with runner_lock(ws) as held:
-            if held and not answer.exists():  # the runner stopped before answering
-                (ws.state / REQUEST).unlink(missing_ok=True)
-                raise PrimefsError("the runner stopped before archiving; run `primefs archive` again")
-        time.sleep(0.1)
-    raise PrimefsError(f"the runner did not answer within {timeout:g} s (it is still archiving, or busy); "
-                       f"see `primefs status`, or wait longer with --timeout")
-
-
-def serve(ws, *, busy, freeze, done) -> None:
-    """The runner's side: do a waiting request. freeze(sessions): a tree is about to move (nothing may
-    wake them meanwhile); done(gone, back): these left sessions/, those stayed (unfreeze them)."""
-    path = ws.state / REQUEST
-    try:
-        request = json.loads(path.read_text())
-        path.unlink()
-    except (OSError, ValueError):
-        return
-    archived: list[str] = []
+def serve(ws, request: dict, *, busy, freeze, done) -> dict:
+    """The runner's side of `primefs archive` (a request through store/control.ask_runner). freeze(sessions):
+    a tree is about to move (nothing may wake them meanwhile); done(gone, back): these left sessions/,
+    those stayed (unfreeze them)."""
+    archived: list[dict] = []
 
     def on_tree(tree):
         freeze(tree["sessions"])
         archived.append(tree)
 
     try:
-        result = run(ws, before=request.get("before"), statuses=tuple(request.get("statuses") or DEFAULT_STATUSES),
-                     busy=busy, on_tree=on_tree)
+        return run(ws, before=request.get("before"), statuses=tuple(request.get("statuses") or DEFAULT_STATUSES),
+                   busy=busy, on_tree=on_tree)
     except Exception as exc:  # noqa: BLE001 - said to the command that asked, and the runner goes on
-        result = {"error": f"{type(exc).__name__}: {exc}"}
+        raise PrimefsError(f"the runner could not archive: {type(exc).__name__}: {exc}") from exc
     finally:
         done([sid for t in archived for sid in t["sessions"] if not (ws.sessions / sid).exists()],
              [sid for t in archived for sid in t["sessions"] if (ws.sessions / sid).exists()])
-    write_atomic(ws.state / f"archive-{request.get('id')}.json", json.dumps(result))
-
-
-class OnRequest:
-    """The runner's archiver: a waiting request served in a thread (`before()` first: turn commits of a
-    tree land before it leaves), one at a time; `alive` (alive.py) freezes and forgets what moves."""
-
-    def __init__(self, ws, *, busy, alive, before, guarded):
-        self.ws, self.busy, self.alive, self.before, self.guarded = ws, busy, alive, before, guarded
-        self.thread: threading.Thread | None = None
-
-    def check(self) -> None:
-        if (self.thread is not None and self.thread.is_alive()) or not (self.ws.state / REQUEST).exists():
-            return
-
-        def work():
-            self.before()
-            serve(self.ws, busy=self.busy, freeze=self.alive.freeze, done=self.alive.archived)
-
-        self.thread = threading.Thread(target=self.guarded, args=("archive", work), name="primefs-archive",
-                                       daemon=True)
-        self.thread.start()

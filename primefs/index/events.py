@@ -12,7 +12,7 @@ import json
 
 from primefs.index.db import Index
 from primefs.store.fsutil import open_regular
-from primefs.store.history import check_at, iter_lines, parse_event, still_there
+from primefs.store.history import NewEvents, check_at, still_there
 
 TEXT_FIELDS = ("text", "task", "code", "output", "error", "answer", "report", "summary", "instructions", "detail")
 FIELD_CHARS = 2000  # of each field: a cell's whole output is in the file, its start is enough to find it
@@ -42,18 +42,14 @@ class EventIndexer:
         reset = not still_there(f, indexed, check, size)
         if reset:
             indexed = 0
-        offset = indexed
         events, texts = [], []
-        for end, line in iter_lines(f, indexed, size):
-            start, offset = offset, end
-            e = parse_event(line)
-            if e is None:
-                continue
+        read = NewEvents(f, indexed, size)
+        for start, end, e in read:
             n, ts = e.get("n"), e.get("ts")
             events.append((key, n if isinstance(n, int) else None, ts if isinstance(ts, (int, float)) else None,
                            str(e.get("type")), str(e.get("model") or model or ""), start, end - start))
             texts.append(event_text(e))
-        self.queued.append((key, was, (offset, check_at(f, offset)), reset, events, texts))
+        self.queued.append((key, was, (read.offset, check_at(f, read.offset)), reset, events, texts))
         self.count += len(events)
         if self.count >= BATCH:
             self.flush()

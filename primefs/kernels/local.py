@@ -18,14 +18,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-from primefs.kernels import boxes, cgroups, sandbox
+from primefs.kernels import boxes, cgroups, sandbox, treelimits
 from primefs.kernels.client import CellResult, KernelClient, connection_info
 from primefs.kernels.forkserver import kill_tree
 from primefs.kernels.host import Handler, KernelHandle, KernelHost, KernelSpec
 from primefs.kernels.inside.rpc import RpcServer
+from primefs.kernels.treelimits import room_bytes  # noqa: F401 - re-exported
 
 # Environment variables a kernel may see; everything else (API keys above all) stays in the runner.
 SAFE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "SHELL",
@@ -284,32 +284,18 @@ class LocalKernelHost(KernelHost):
                               hide=[self.runtime.parent], hide_files=spec.hidden, cgroup=cgroup)
         return box, cgroup
 
-    # -- limits over a kernel's tree --------------------------------------------------------------
+    # -- limits over a kernel's tree (treelimits.py) ------------------------------------------------
     def _start_watch(self) -> None:
         with self._lock:
             if self._watch is None:
-                self._watch = threading.Thread(target=self._watch_loop, name="primefs-kernel-limits", daemon=True)
+                self._watch = threading.Thread(target=treelimits.watch, args=(self._watched, lambda: self.closed),
+                                               name="primefs-kernel-limits", daemon=True)
                 self._watch.start()
 
-    def _watch_loop(self) -> None:
-        """CPU seconds of a sandboxed kernel's whole tree (its cgroup) and what it wrote (its room, its
-        kernel/ folder, its socket folder), against `cpu_s` and `disk_mb`: past either, the kernel and all
-        it started are ended. Rooms are measured every second while a cell runs, else every 10 s (a
-        thread may go on writing after its cell)."""
-        rounds = 0
-        while not self.closed:
-            rounds += 1
-            with self._lock:
-                kernels = [k for k in self._by_token.values() if k.spec.sandbox and not k.dead]
-            for k in kernels:
-                box = k.spec.sandbox
-                if k.cgroup is not None and k.cgroup.cpu_seconds() > float(box["cpu_s"]):
-                    k.kill(f"its processes used more than sandbox.cpu_s ({box['cpu_s']} CPU seconds)")
-                elif (k.client.busy or rounds % 10 == 0) and \
-                        room_bytes([*k.spec.rooms, k.base]) > int(box["disk_mb"]) * 1024 * 1024:
-                    k.kill(f"what it wrote (sessions/{k.session_id}/work/ and kernel/) grew past sandbox.disk_mb "
-                           f"({box['disk_mb']} MB)")
-            time.sleep(WATCH_S)
+    def _watched(self) -> list[LocalKernel]:
+        """The live sandboxed kernels: those whose tree's limits are watched."""
+        with self._lock:
+            return [k for k in self._by_token.values() if k.spec.sandbox and not k.dead]
 
     def forget(self, k: LocalKernel) -> None:
         with self._lock:
@@ -372,21 +358,7 @@ class LocalKernelHost(KernelHost):
         self.rpc.close()
 
 
-WATCH_S = 1.0
 MAX_REQUESTS = 256  # requests one kernel may have waiting at once (threads blocked in wait(), llm(), ...)
-
-
-def room_bytes(rooms: list) -> int:
-    """Bytes of the files in these folders (links not followed)."""
-    total = 0
-    for room in rooms:
-        for folder, _dirs, files in os.walk(room):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(folder, name)).st_blocks * 512
-                except OSError:
-                    pass
-    return total
 
 
 def _last_line(path: Path) -> str:

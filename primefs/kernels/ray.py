@@ -9,13 +9,12 @@ the runner through the long poll below; no kernel port is ever exposed across ma
 Placement (placement.py): a new kernel goes to the least-loaded node that has what it needs. When a
 node (or its actor) is lost, its kernels report death: a running cell ends `died`, `alive()` is
 False, and the session's next kernel starts on another node from its last snapshot (kernel.py).
-Ray is imported only here, only when `primefs run --ray` (or `hosts:` kind ray) asks for it.
+Ray is imported only for this host (rayconnect.py, which reaches the cluster), only when `primefs run --ray`
+(or `hosts:` kind ray) asks for it.
 """
 from __future__ import annotations
 
 import json
-import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from primefs.kernels.client import INTERRUPT_GRACE_S, CellResult
 from primefs.kernels.host import Handler, KernelHandle, KernelHost, KernelSpec
 from primefs.kernels.inside.rpc import error_reply
 from primefs.kernels.placement import Node, choose, describe, kernel_needs, never_fits
+from primefs.kernels.rayconnect import connect, import_ray, reachable  # noqa: F401 - re-exported
 
 POLL_S = 1.0  # a node's long poll returns at least this often, empty
 REFRESH_S = 2.0  # how often the list of the cluster's nodes is read again
@@ -38,17 +38,6 @@ START_TIMEOUT_S = 60.0  # a node actor's start, a kernel's start, waiting for ro
 CALL_TIMEOUT_S = 30.0  # a control call to a node actor (alive, shutdown)
 RETRY_LOST_S = 10.0  # a node whose actor was lost while the node lives: a new actor after this
 NOT_KERNEL_RESOURCES = ("object_store_memory",)
-
-
-def import_ray():
-    # A call after ray.shutdown() would connect again on its own, to whichever cluster started last, and
-    # stay connected: the runner connects once, on purpose (read when ray is first imported).
-    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
-    try:
-        import ray
-    except ImportError:
-        raise PrimefsError("kernels on Ray need the ray package: pip install 'primefs[ray]'") from None
-    return ray
 
 
 class RayNode:
@@ -67,28 +56,6 @@ class RayNode:
     @property
     def name(self) -> str:
         return self.slot.name
-
-
-CONNECT_TIMEOUT_S = 5.0
-
-
-def reachable(address: str) -> None:
-    """A HOST:PORT address answers (resolves, and takes a TCP connection) within seconds, or a clear
-    error. `auto` and `local` are Ray's own: not checked here."""
-    import socket
-
-    if address in ("auto", "local") or address.startswith("ray://"):
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise PrimefsError(f"the Ray address {address!r} is not HOST:PORT (or auto, local)")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as exc:
-        why = "it does not resolve" if isinstance(exc, socket.gaierror) else (exc.strerror or str(exc))
-        raise PrimefsError(f"cannot reach the Ray cluster at {address}: {why} (is `ray start --head` running "
-                           "there, and the address the one it printed?)") from None
 
 
 class RayKernel(KernelHandle):
@@ -194,15 +161,7 @@ class RayKernelHost(KernelHost):
         self.ray = ray = import_ray()
         self.cwd, self.handler, self.log = Path(cwd), handler, log
         self.defaults = dict(resources or {})  # what every kernel needs (hosts: resources), before the session's own
-        self.owns = not ray.is_initialized()  # a test or a script may have connected already
-        if self.owns:
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            reachable(address)  # ray.init would retry an unreachable address for minutes
-            kwargs = {"include_dashboard": False} if address == "local" else {"address": address}
-            try:
-                ray.init(namespace="primefs", log_to_driver=False, logging_level=logging.WARNING, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - a wrong address, no cluster there
-                raise PrimefsError(f"cannot connect to the Ray cluster at {address!r}: {exc}") from None
+        self.owns = connect(ray, address)  # False: a test or a script had connected already
         from primefs.kernels.raynode import NodeKernels
 
         self.actor_class = ray.remote(NodeKernels)

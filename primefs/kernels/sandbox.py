@@ -167,18 +167,7 @@ def enter(box: dict) -> None:
     `box`: settings (settings.SANDBOX), workspace (read), rooms (written), cwd, uid (the kernel's uid
     outside) and gid, and optionally sockets_host (the kernel's socket folder, seen at SOCKETS inside), hide (more
     folders to hide: the runner's runtime folder), cgroup (folders to join)."""
-    root = os.getuid() == 0
-    for folder in box.get("cgroup") or []:
-        write_control(os.path.join(folder, "cgroup.procs"), "0")
-    if root:
-        os.setgroups([])
-        _check(_libc.unshare(CLONE_NEWPID), "cannot create a pid namespace")
-    else:
-        _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWPID),
-               "cannot create namespaces (are unprivileged user namespaces allowed?)")
-        prctl(PR_SET_DUMPABLE, 1)  # (the template is not): our own uid map is ours to write only then
-        _map_ids("self", os.getuid(), os.getgid(), os.getuid(), os.getgid())
-    prctl(PR_SET_DUMPABLE, 0)
+    _new_pid_namespace(box)
     to_keeper_r, to_keeper_w = os.pipe()
     to_kernel_r, to_kernel_w = os.pipe()
     pid = os.fork()
@@ -191,26 +180,7 @@ def enter(box: dict) -> None:
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _build_mounts(box)
-        flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
-        if not box["settings"].get("network"):
-            flags |= CLONE_NEWNET
-        prctl(PR_SET_DUMPABLE, 1)  # the keeper writes our uid map: /proc/<us> must be ours until then
-        _check(_libc.unshare(flags), "cannot create the kernel's user namespace")
-        os.write(to_keeper_w, b"u")
-        if os.read(to_kernel_r, 1) != b"m":  # nothing: the keeper is gone
-            raise SandboxError("the uid map of the sandbox could not be written")
-        os.setresgid(box["gid"], box["gid"], box["gid"])
-        os.setresuid(box["uid"], box["uid"], box["uid"])
-        _drop_capabilities()
-        _check(prctl(PR_SET_NO_NEW_PRIVS, 1), "cannot set no_new_privs")
-        prctl(PR_SET_DUMPABLE, 0)
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # new credentials cleared it
-        os.set_blocking(to_kernel_r, False)  # the first process of a pid namespace has no parent to ask:
-        try:  # the keeper holds the other end of this pipe for as long as it lives
-            if os.read(to_kernel_r, 1) == b"":
-                os._exit(1)
-        except BlockingIOError:
-            pass
+        _become_kernel(box, to_keeper_w, to_kernel_r)
         os.close(to_kernel_r)
         os.close(to_keeper_w)
         _set_limits(box["settings"])
@@ -222,6 +192,48 @@ def enter(box: dict) -> None:
     except BaseException as exc:
         print(f"primefs sandbox: {exc}", file=sys.stderr, flush=True)
         os._exit(1)
+
+
+def _new_pid_namespace(box: dict) -> None:
+    """Join the kernel's cgroups, then unshare the pid namespace whose first process the next fork makes (as
+    a normal user, inside a user namespace of our own that maps our own ids)."""
+    for folder in box.get("cgroup") or []:
+        write_control(os.path.join(folder, "cgroup.procs"), "0")
+    if os.getuid() == 0:
+        os.setgroups([])
+        _check(_libc.unshare(CLONE_NEWPID), "cannot create a pid namespace")
+    else:
+        _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWPID),
+               "cannot create namespaces (are unprivileged user namespaces allowed?)")
+        prctl(PR_SET_DUMPABLE, 1)  # (the template is not): our own uid map is ours to write only then
+        _map_ids("self", os.getuid(), os.getgid(), os.getuid(), os.getgid())
+    prctl(PR_SET_DUMPABLE, 0)
+
+
+def _become_kernel(box: dict, to_keeper: int, from_keeper: int) -> None:
+    """In the kernel's process, its mounts built: its own user namespace (its uid mapped by the keeper,
+    outside), and the other namespaces; the kernel's uid and gid, no capabilities, no_new_privs. Ends the
+    process if the keeper is gone already."""
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+    if not box["settings"].get("network"):
+        flags |= CLONE_NEWNET
+    prctl(PR_SET_DUMPABLE, 1)  # the keeper writes our uid map: /proc/<us> must be ours until then
+    _check(_libc.unshare(flags), "cannot create the kernel's user namespace")
+    os.write(to_keeper, b"u")
+    if os.read(from_keeper, 1) != b"m":  # nothing: the keeper is gone
+        raise SandboxError("the uid map of the sandbox could not be written")
+    os.setresgid(box["gid"], box["gid"], box["gid"])
+    os.setresuid(box["uid"], box["uid"], box["uid"])
+    _drop_capabilities()
+    _check(prctl(PR_SET_NO_NEW_PRIVS, 1), "cannot set no_new_privs")
+    prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # new credentials cleared it
+    os.set_blocking(from_keeper, False)  # the first process of a pid namespace has no parent to ask:
+    try:  # the keeper holds the other end of this pipe for as long as it lives
+        if os.read(from_keeper, 1) == b"":
+            os._exit(1)
+    except BlockingIOError:
+        pass
 
 
 def _map_ids(pid: str, inner_uid: int, inner_gid: int, outer_uid: int, outer_gid: int) -> None:

@@ -19,7 +19,6 @@ from collections import OrderedDict
 from pathlib import Path
 
 from primefs.errors import PrimefsError
-from primefs.index import archive
 from primefs.kernels import boxes
 from primefs.kernels.forkserver import hide_from_same_user
 from primefs.kernels.host import make_host
@@ -31,6 +30,7 @@ from primefs.runner.bell import Bell
 from primefs.runner.gateway import ModelGateway
 from primefs.runner.goalctl import GoalControl
 from primefs.runner.intake import Intake
+from primefs.runner.archiving import Archiving
 from primefs.runner.liverequests import LiveRequests
 from primefs.runner.postoffice import PostOffice
 from primefs.runner.scheduler import Scheduler
@@ -128,14 +128,13 @@ class Runner:
         self.toolbox = ToolBox(ws, self.pm, self.log)
         self.turns = Turns(ws, self.tree, self.post, self.scheduler, self.goals, self.bell, self._make_agent,
                            self.intake.commit_hand_edits, self.log)
-        self.requests = LiveRequests(ws, self.turns, self.log)
         self.services = KernelServices(ws, self.tree, self.turns, self.post, self.scheduler, self.goals,
                                        self.intake, self.bell, self.toolbox)
         self.alive = Alive(ws, self.tree, self.intake, self.turns, self.scheduler, self.log,
                            apply_stop=self.apply_stop, apply_refine=self.apply_refine_request)
         self.intake.on_adopt = self.alive.wake
-        self.archiver = archive.OnRequest(ws, busy=self._in_use, alive=self.alive, before=self._flush_commits,
-                                          guarded=self.guarded)
+        self.archiving = Archiving(ws, self.scheduler, self.turns, self.alive, self.log)
+        self.requests = LiveRequests(ws, self.turns, self.log, archive=self.archiving.serve)
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
@@ -147,14 +146,6 @@ class Runner:
         requests = getattr(self, "requests", None)  # (not yet made at the first call)
         if requests is not None and requests.connected and not self.ws.config.get("kernel_connect"):
             requests.revoke()
-
-    def _in_use(self, sid: str) -> bool:
-        """Not to be archived now: queued, running or awake. A finished session's kernel still parked goes
-        first (a live kernel could change its room while the archive reads it)."""
-        if self.scheduler.busy(sid) or sid in self.alive.awake:
-            return True
-        agent = self.turns.agents.get(sid)
-        return agent is not None and agent.kernel.running() and not self.turns.kernels.evict(agent, "its session was archived")
 
     def _make_agent(self, session: Session) -> Agent:
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,
@@ -247,7 +238,6 @@ class Runner:
             if not once and now - last_tick >= 0.25:  # the loop wakes often: rate-limit
                 self.guarded("heartbeats", self.intake.tick_heartbeats)
                 last_tick = now
-                self.archiver.check()  # `primefs archive` while this runner runs: done here, in a thread
             look = self.intake.next_look  # a goal file being written: read it once it settles
             if look is not None and now >= look:
                 self.guarded("goals", self.intake.scan_goals)
@@ -321,19 +311,12 @@ class Runner:
     def recover(self) -> None:
         """Start-up: trees a crash left half archived put right; the family links, which goals are taken,
         which sessions were cut off or have mail waiting (alive.py: finished sessions are not loaded)."""
-        for root in archive.recover(self.ws):
-            self.log(f"archive of {root}: finished or undone after a crash")
-        for path in archive.conflicts(self.ws):
-            self.log(f"kept aside by an archive roll-back (its place was taken): {path}")
+        self.archiving.recover()
         cut_off = []
         self.guarded("committing what a stopped runner staged", lambda: cut_off.extend(commit_cut_off(self.ws.root)))
         if cut_off:
             self.log(f"committed {len(cut_off)} session folder(s) a stopped runner had staged but not committed")
         self.alive.start()
-
-    def _flush_commits(self) -> None:
-        if self.turns.committer is not None:
-            self.turns.committer.flush()
 
     def scan(self) -> None:
         if self.intake.check_config():

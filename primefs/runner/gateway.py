@@ -62,12 +62,12 @@ class ModelGateway:
                 self.log(f"{agent.session.id}: model error (attempt {attempt + 1}), retrying in {wait:g} s: {exc}")
                 self._pause(agent, wait)
                 continue
-            _record(agent, parent, "model_call", model=settings["model"], purpose=purpose,
-                    **({"response_model": reply.model} if reply.model else {}),
-                    **({"attempt": attempt + 1} if attempt else {}), input_tokens=reply.input_tokens,
-                    output_tokens=reply.output_tokens, cost_usd=reply.cost_usd, cost_known=reply.cost_known,
-                    latency_s=round(time.monotonic() - started, 4))
-            self.goals.record_call(agent.session.id, reply.input_tokens + reply.output_tokens, reply.cost_usd)
+            event = _record(agent, parent, "model_call", model=settings["model"], purpose=purpose,
+                            **({"response_model": reply.model} if reply.model else {}),
+                            **({"attempt": attempt + 1} if attempt else {}), input_tokens=reply.input_tokens,
+                            output_tokens=reply.output_tokens, cost_usd=reply.cost_usd, cost_known=reply.cost_known,
+                            latency_s=round(time.monotonic() - started, 4))
+            self.goals.record_call(agent.session.id, event)
             return redacted(reply)
         raise AssertionError("unreachable")
 
@@ -177,6 +177,8 @@ def redacted(reply: ModelReply) -> ModelReply:
     return reply
 
 
-def _record(agent, parent, type: str, **fields) -> None:
-    """A model call attempt's event, and its span made from it (as `primefs trace` makes it)."""
-    tracing.model_call(agent.session, agent.session.history.append(type, **fields), parent)
+def _record(agent, parent, type: str, **fields) -> dict:
+    """A model call attempt's event (returned), and its span made from it (as `primefs trace` makes it)."""
+    event = agent.session.history.append(type, **fields)
+    tracing.model_call(agent.session, event, parent)
+    return event

@@ -16,6 +16,7 @@ from typing import Callable
 
 from primefs.errors import BudgetExhausted, SessionStopping
 from primefs.index.accounting import own_usage
+from primefs.store.summary import fold_call
 from primefs.runner.bell import Bell
 from primefs.runner.tree import SessionTree
 from primefs.store.settings import BUDGET_KEYS
@@ -28,22 +29,20 @@ class GoalControl:
         self.root = root
         self.bell = bell
         self.turns_of = turns_of  # a session's turns so far (resumed turns are not new turns)
-        self._own: dict[str, list] = {}  # sid -> [tokens, cost], kept current by record_call
+        self._own: dict[str, dict] = {}  # sid -> its usage (summary.py's), kept current by record_call
         self._lock = threading.Lock()
 
     # -- usage ------------------------------------------------------------------------------------
-    def _own_totals(self, sid: str) -> list:
+    def _own_usage(self, sid: str) -> dict:
         if sid not in self._own:
-            u = own_usage(self.tree.session(sid))
-            self._own[sid] = [u["input_tokens"] + u["output_tokens"], u["cost_usd"]]
+            self._own[sid] = own_usage(self.tree.session(sid))
         return self._own[sid]
 
-    def record_call(self, sid: str, tokens: int, cost: float) -> None:
+    def record_call(self, sid: str, event: dict) -> None:
+        """A model_call event just written to `sid`'s history, counted as its summary counts it."""
         with self._lock:
             if sid in self._own:  # otherwise it is read from history when first needed
-                t = self._own[sid]
-                t[0] += tokens
-                t[1] += cost
+                fold_call(self._own[sid], event)
 
     def holder(self, sid: str) -> str | None:
         """The nearest session at or above `sid` that has a budget."""
@@ -56,8 +55,8 @@ class GoalControl:
         with self._lock:
             tokens = cost = 0.0
             for x in self.tree.subtree(holder):
-                t = self._own_totals(x)
-                tokens, cost = tokens + t[0], cost + t[1]
+                u = self._own_usage(x)
+                tokens, cost = tokens + u["input_tokens"] + u["output_tokens"], cost + u["cost_usd"]
         started = self.tree.session(holder).meta.get("started_ts")
         return {"turns": self.turns_of(holder), "tokens": int(tokens), "cost_usd": round(cost, 10),
                 "seconds": round(time.time() - started, 3) if started else 0.0}

@@ -1,67 +1,36 @@
-"""Requests from the command line to a running runner, as files: run code in a session's live kernel
-(`primefs exec`), or hand out its kernel's connection file (`primefs kernel`).
+"""The runner's side of `ask_runner` (store/control.py): requests from the command line, as files in
+the private runtime folder. Run code in a session's live kernel (`primefs exec`), hand out its kernel's
+connection file (`primefs kernel`), archive finished trees (`primefs archive`: the runner knows which
+sessions are in use).
 
-The CLI writes `<runtime>/requests/<id>.json` (the private runtime folder, `$TMPDIR/primefs-<uid>/<hash>/`,
-mode 0700, hidden from sandboxed kernels: no kernel can ask for code to run in another); the runner claims it (renames it to `<id>.taken`), does
-the work in a thread of its own and writes `<id>.reply`; the CLI reads the reply and removes both.
-A runner that dies meanwhile leaves the CLI waiting until its timeout, which says so.
+A request is claimed once (renamed `<id>.taken`), done in a thread of its own and answered with
+`<id>.reply`; one older than STALE_S when claimed is dropped unread (its command is gone: never run old
+code). A runner that dies meanwhile leaves no reply; the command sees the lock free and says so.
 """
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import threading
 import time
 from pathlib import Path
 
 from primefs.errors import PrimefsError
 from primefs.kernels.client import cut
+from primefs.store.control import requests_dir
 from primefs.store.fsutil import NAME_RE, write_atomic
 
 STALE_S = 120.0  # a request older than this is dropped unread
 BUSY_WAIT_S = 60.0  # exec during a turn waits this long for the cells of the current step to end
 
 
-def requests_dir(ws) -> Path:
-    return ws.runtime / "requests"
-
-
-def ask_runner(ws, op: str, timeout: float, **fields) -> dict:
-    """The CLI side: one request, its reply (a dict). Raises PrimefsError for an error reply."""
-    from primefs.store.control import lock_held
-
-    if not lock_held(ws):
-        raise PrimefsError(f"no runner is running: `primefs {op}` needs the session's live kernel (start one: "
-                           "primefs up)")
-    folder = requests_dir(ws)
-    folder.mkdir(parents=True, exist_ok=True)
-    rid = f"{time.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
-    write_atomic(folder / f"{rid}.json", json.dumps({"op": op, **fields}), durable=False)
-    reply_path = folder / f"{rid}.reply"
-    deadline = time.monotonic() + timeout
-    try:
-        while not reply_path.exists():
-            if time.monotonic() > deadline:
-                raise PrimefsError(f"the runner did not answer within {timeout:g} s")
-            time.sleep(0.05)
-        reply = json.loads(reply_path.read_text())
-    finally:
-        for p in (folder / f"{rid}.json", folder / f"{rid}.taken", reply_path):
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
-    if reply.get("error") and not reply.get("ran"):
-        raise PrimefsError(reply["error"])
-    return reply
-
-
 class LiveRequests:
     """The runner side."""
 
-    def __init__(self, ws, turns, log):
-        self.ws, self.turns, self.log = ws, turns, log
+    def __init__(self, ws, turns, log, *, archive):
+        """archive(request) -> reply: the runner's archiver (runner/core.py), called one at a time."""
+        self.ws, self.turns, self.log, self.archive = ws, turns, log, archive
+        self.archiving = threading.Lock()
         self.dir = requests_dir(ws)
         self.connected: set[str] = set()  # sessions whose kernel's connection file was handed out
 
@@ -118,6 +87,9 @@ class LiveRequests:
 
     def _do(self, request: dict) -> dict:
         op, sid = request.get("op"), request.get("session")
+        if op == "archive":
+            with self.archiving:
+                return self.archive(request)
         if op not in ("exec", "kernel"):
             raise PrimefsError(f"unknown request {op!r}")
         if not isinstance(sid, str) or not NAME_RE.fullmatch(sid) or not self.turns.tree.knows(sid):

@@ -8,8 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from primefs.runner.liverequests import requests_dir
-from primefs.store.control import REFINE_FILE, STOP_FILE
+from primefs.store.control import REFINE_FILE, STOP_FILE, requests_dir
 
 # What in an awake session's folder can bring it work: not its history or summary, written at every event
 LOOKED_AT = ("mail", STOP_FILE, REFINE_FILE, "heartbeats", "session.yaml")
@@ -17,7 +16,7 @@ LOOKED_AT = ("mail", STOP_FILE, REFINE_FILE, "heartbeats", "session.yaml")
 
 def meaning(ws, path: Path) -> tuple[str, str | None]:
     """What a changed path means to the runner: (kind, session id or None). Kinds: "request" (a file
-    of .primefs/requests), "goal" (goals/*.md), "goals" (another file there), "harness" (the harness,
+    of the runtime folder's requests/), "goal" (goals/*.md), "goals" (another file there), "harness" (the harness,
     or a session's own: its id), "session" (what can bring a session work: its id), "sessions"
     (sessions/ itself: events were lost), "" (nothing to do)."""
     if path.parent == requests_dir(ws):
@@ -76,7 +75,7 @@ def watch(ws, alive, on_path: Callable[[Path], None]) -> Watch:
     observer = Observer()
     observer.schedule(Hint(), str(ws.goals), recursive=False, event_filter=changes)
     observer.schedule(Hint(), str(ws.harness), recursive=True, event_filter=changes)
-    requests = requests_dir(ws)  # `primefs exec` / `primefs kernel`
+    requests = requests_dir(ws)  # `primefs exec`, `kernel`, `archive`
     requests.mkdir(parents=True, exist_ok=True)
     observer.schedule(Hint(), str(requests), recursive=False, event_filter=changes)
     observer.daemon = True

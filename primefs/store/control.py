@@ -1,14 +1,19 @@
-"""Reaching the runner through files: its lock and `runner.json` (is one running, which), and the
-requests the command line leaves for a runner that may or may not be running."""
+"""Reaching the runner through files: its lock and `runner.json` (is one running, which), the
+requests the command line leaves for a runner that may or may not be running (`stop.request`,
+`refine.request`: kept until one applies them), and `ask_runner`, the one request/reply exchange with
+a running runner (`primefs exec`, `kernel`, `archive`; the runner's side is runner/liverequests.py)."""
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import secrets
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from primefs.errors import PrimefsError
 from primefs.store.fsutil import ring, write_atomic
 from primefs.store.mail import deliver
 from primefs.store.session import Session
@@ -16,6 +21,7 @@ from primefs.store.workspace import Workspace
 
 STOP_FILE = "stop.request"  # written by `primefs stop`; the runner applies and removes it
 REFINE_FILE = "refine.request"  # written by `primefs refine` while a runner runs
+ALIVE_CHECK_S = 1.0  # how often a command waiting for a reply looks whether the runner is still there
 
 
 # -- the lock and the state file --------------------------------------------------------------------
@@ -148,3 +154,48 @@ def take_refine_request(folder) -> dict | None:
     if not isinstance(request, dict):
         return None
     return {k: request.get(k) for k in ("instructions", "scope", "model") if request.get(k) is not None}
+
+
+# -- request and reply ------------------------------------------------------------------------------
+def requests_dir(ws) -> Path:
+    """In the private runtime folder (mode 0700, hidden from sandboxed kernels): no kernel can leave a
+    request, so none can get code run in another session's kernel."""
+    return ws.runtime / "requests"
+
+
+def ask_runner(ws, request: dict, timeout: float, *, busy_hint: str = "") -> dict:
+    """One request (`{"op": ..., ...}`) to the running runner, and its reply (a dict).
+
+    The request is written as `<id>.json`; the runner claims it (renames it `<id>.taken`), does the work
+    in a thread of its own and writes `<id>.reply`; we read it and remove all three. Raises PrimefsError
+    for an error reply, when no runner runs, when it stops before answering, and after `timeout` s."""
+    op = request.get("op")
+    if not lock_held(ws):
+        raise PrimefsError(f"no runner is running: `primefs {op}` needs one (start one: primefs up)")
+    folder = requests_dir(ws)
+    folder.mkdir(parents=True, exist_ok=True)
+    rid = f"{time.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+    write_atomic(folder / f"{rid}.json", json.dumps(request), durable=False)
+    reply_path = folder / f"{rid}.reply"
+    deadline = last_check = time.monotonic()
+    deadline += timeout
+    try:
+        while not reply_path.exists():
+            now = time.monotonic()
+            if now > deadline:
+                raise PrimefsError(f"the runner did not answer within {timeout:g} s{busy_hint}")
+            if now - last_check > ALIVE_CHECK_S:
+                last_check = now
+                if not lock_held(ws) and not reply_path.exists():
+                    raise PrimefsError(f"the runner stopped before answering; run `primefs {op}` again")
+            time.sleep(0.05)
+        reply = json.loads(reply_path.read_text())
+    finally:
+        for p in (folder / f"{rid}.json", folder / f"{rid}.taken", reply_path):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+    if reply.get("error") and not reply.get("ran"):
+        raise PrimefsError(reply["error"])
+    return reply

@@ -79,6 +79,22 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
     if not isinstance(name, str):
         raise PrimefsError(f"{rel}: `name:` must be text, not {kind_of(name)}")
     check_name(name, f"goal name in {rel}")
+    context = _goal_context(ws, meta, rel)
+    limits = check_limits(meta.get("limits") or {}, rel)
+    control = _goal_control(ws, meta, rel, conditions)
+    if meta.get("model") is not None and not isinstance(meta["model"], str):
+        raise PrimefsError(f"{rel}: `model:` must be text, not {kind_of(meta['model'])}")
+    model = str(meta.get("model") or ws.default_model())
+    try:
+        settings = ws.resolve_model(model)
+    except PrimefsError as exc:
+        raise PrimefsError(f"{rel}: {exc}") from None
+    return Goal(path=path, rel=rel, name=name, task=task, model=model, settings=settings,
+                context=context, limits=dict(limits), meta=dict(meta), control=control)
+
+
+def _goal_context(ws: Workspace, meta: dict, rel: str) -> list[str]:
+    """`context:`: the goal's files, as workspace-relative paths (checked: check_context_path)."""
     context = meta.get("context") or []
     if isinstance(context, str):
         context = [context]
@@ -86,8 +102,12 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
         raise PrimefsError(f"{rel}: `context:` must be a file path or a list of file paths")
     if len(context) > MAX_CONTEXT_FILES:
         raise PrimefsError(f"{rel}: `context:` names {len(context)} files; at most {MAX_CONTEXT_FILES}")
-    context = [check_context_path(ws, c, rel) for c in context]
-    limits = check_limits(meta.get("limits") or {}, rel)
+    return [check_context_path(ws, c, rel) for c in context]
+
+
+def _goal_control(ws: Workspace, meta: dict, rel: str, conditions: dict | None) -> dict:
+    """Goal.control: what the front matter says of how the goal's session runs and ends (autonomous, budget,
+    end_conditions, tools, heartbeat, sandbox, resources), each checked; only the keys given."""
     control = {}
     if "autonomous" in meta:
         if not isinstance(meta["autonomous"], bool):
@@ -114,15 +134,7 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
                                f"which only a goal you trust may ask: run `primefs trust {rel}` if you wrote it")
     if meta.get("resources") is not None:  # what its kernels need from a node (hosts other than local)
         control["resources"] = check_resources(meta["resources"], f"{rel}: resources")
-    if meta.get("model") is not None and not isinstance(meta["model"], str):
-        raise PrimefsError(f"{rel}: `model:` must be text, not {kind_of(meta['model'])}")
-    model = str(meta.get("model") or ws.default_model())
-    try:
-        settings = ws.resolve_model(model)
-    except PrimefsError as exc:
-        raise PrimefsError(f"{rel}: {exc}") from None
-    return Goal(path=path, rel=rel, name=name, task=task, model=model, settings=settings,
-                context=context, limits=dict(limits), meta=dict(meta), control=control)
+    return control
 
 
 def check_context_path(ws: Workspace, rel: str, where: str) -> str:

@@ -204,6 +204,23 @@ def iter_lines(f, start: int, end: int, chunk: int = 1 << 22) -> Iterator[tuple[
         rest = data[cut:]
 
 
+class NewEvents:
+    """The complete events of an open history between `start` (a line start) and `end`, as (line start,
+    offset just past it, event); a garbled line is skipped, but `offset` (how far was read) moves past it
+    too. The one incremental read of a history: the summary's fold, the event index, `primefs log -f`
+    and the web view all go through it."""
+
+    def __init__(self, f, start: int, end: int):
+        self.f, self.offset, self.end = f, start, end
+
+    def __iter__(self) -> Iterator[tuple[int, int, dict]]:
+        for stop, line in iter_lines(self.f, self.offset, self.end):
+            start, self.offset = self.offset, stop
+            event = parse_event(line)
+            if event is not None:
+                yield start, stop, event
+
+
 CHECK_BYTES = 32  # kept from just before a reader's offset: tells an append from a rewrite
 
 
@@ -290,19 +307,11 @@ class HistoryReader:
             return []
         try:
             with open_regular(self.path) as f:
-                f.seek(self.pos)
-                data = f.read(size - self.pos)
+                read = NewEvents(f, self.pos, size)
+                events = [event for _, _, event in read]
         except OSError:
             return []
-        end = data.rfind(b"\n")
-        if end < 0:  # only a torn line so far: wait for its newline
-            return []
-        self.pos += end + 1
-        events = []
-        for line in data[: end + 1].splitlines():
-            event = parse_event(line)  # a garbled line: skipped, like history.iter_events
-            if event is not None:
-                events.append(event)
+        self.pos = read.offset
         return events
 
     def _line_start(self, size: int) -> int:

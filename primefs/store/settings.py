@@ -1,16 +1,17 @@
-"""What settings may hold: limits, primefs.yaml, session.yaml, the sandbox. Every check names the file,
-the key and the allowed range; numbers must be finite (no NaN, no infinity) and within bounds."""
+"""What settings may hold: limits, primefs.yaml, session.yaml, the sandbox (hosts and resources: hosts.py).
+Every check names the file, the key and the allowed range; numbers must be finite (no NaN, no infinity) and
+within bounds (the checks they are made of: checks.py)."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from primefs.errors import PrimefsError
+from primefs.store.checks import ABOVE_ZERO, check_text, kind_of, number, short
+from primefs.store.hosts import check_hosts, check_resources, memory_bytes  # noqa: F401 - memory_bytes re-exported
 
 SECRET_LEN = 8  # shorter values (`none`, `x`) are no secrets: redact.py ignores them too
-ABOVE_ZERO = -0.0  # as a lowest bound: the value must be above 0 (a 0 timeout would hang or stop all)
 
 # key: (default, kind, lowest, highest). kind "int" takes whole numbers (5.0 too), "num" any number.
 LIMITS = {
@@ -73,30 +74,6 @@ STATUSES = ("pending", "running", "idle", "done", "failed", "stopped")
 FINISHED = ("idle", "done", "failed", "stopped")  # no turn running or waiting to run (mail may start one)
 
 
-def number(value, where: str, kind: str, low, high):
-    """A finite number of the kind, within [low, high] (low -0.0: above 0). Returns it (ints as int)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise PrimefsError(f"{where} must be a finite number, not {value!r}")
-    if kind == "int":
-        if value != int(value):
-            raise PrimefsError(f"{where} must be a whole number, not {value!r}")
-        value = int(value)
-    positive = low == 0 and math.copysign(1, low) < 0
-    if (positive and value <= 0) or value < low or value > high:
-        shown = f"above 0 and at most {high:g}" if positive else f"between {low:g} and {high:g}"
-        raise PrimefsError(f"{where} must be {shown}, not {value!r}")
-    return value
-
-
-def kind_of(value) -> str:
-    """What a YAML value is, in the user's words (not ruamel's class names)."""
-    for types, word in ((bool, "true/false"), (dict, "a mapping"), ((list, tuple), "a list"), (str, "text"),
-                        ((int, float), "a number")):
-        if isinstance(value, types):
-            return word
-    return "nothing" if value is None else type(value).__name__
-
-
 def check_limits(limits, where: str) -> dict:
     """Known keys, finite numbers in range (or one of the choices). Returns the checked values."""
     if not isinstance(limits, dict):
@@ -117,17 +94,6 @@ def check_limits(limits, where: str) -> dict:
     return out
 
 
-def _text(value, where: str, limit: int = 4096) -> str:
-    if not isinstance(value, str) or "\0" in value or len(value) > limit:
-        raise PrimefsError(f"{where} must be text (at most {limit} characters, no NUL), not {_short(value)}")
-    return value
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 # -- primefs.yaml ---------------------------------------------------------------------------------
 def check_config(data, where: str = "primefs.yaml", root: Path | None = None) -> dict:
     """The whole primefs.yaml: a mapping; model, models, limits, mcp_servers and sandbox well formed."""
@@ -136,7 +102,7 @@ def check_config(data, where: str = "primefs.yaml", root: Path | None = None) ->
     if not isinstance(data, dict):
         raise PrimefsError(f"{where}: must be a YAML mapping (key: value lines)")
     if data.get("model") is not None:
-        _text(data["model"], f"{where}: model", 256)
+        check_text(data["model"], f"{where}: model", 256)
     models = data.get("models")
     if models is not None:
         if not isinstance(models, dict):
@@ -163,9 +129,9 @@ def check_config(data, where: str = "primefs.yaml", root: Path | None = None) ->
 
 
 def check_alias(alias, settings, where: str) -> None:
-    _text(alias, f"{where}: a model alias name", 128)
+    check_text(alias, f"{where}: a model alias name", 128)
     if not alias.strip() or not alias.isprintable():  # it is named on command lines and in one-line errors
-        raise PrimefsError(f"{where}: a model alias name must be printable text on one line, not {_short(alias)}")
+        raise PrimefsError(f"{where}: a model alias name must be printable text on one line, not {short(alias)}")
     at = f"{where}: models.{alias}"
     if settings is None:
         settings = {}
@@ -173,23 +139,23 @@ def check_alias(alias, settings, where: str) -> None:
         raise PrimefsError(f"{at} must be a mapping (model: ..., tool_mode: ...)")
     for key in ("model", "api_key_env", "api_key_file", "provider", "script", "api_base", "api_key"):
         if settings.get(key) is not None:
-            _text(settings[key], f"{at}.{key}")
+            check_text(settings[key], f"{at}.{key}")
     if settings.get("api_key") is not None and len(settings["api_key"]) >= SECRET_LEN:
         raise PrimefsError(f"{at}.api_key: a key written in primefs.yaml can be read by every kernel (they read "
                            "the workspace) and is in git's history; name an environment variable of the "
                            "runner with api_key_env, or a file outside the workspace with api_key_file")
     if settings.get("tool_mode") is not None and settings["tool_mode"] not in TOOL_MODES:
-        raise PrimefsError(f"{at}.tool_mode must be native or fenced, not {_short(settings['tool_mode'])}")
+        raise PrimefsError(f"{at}.tool_mode must be native or fenced, not {short(settings['tool_mode'])}")
     if settings.get("stream") is not None and not isinstance(settings["stream"], bool):
         raise PrimefsError(f"{at}.stream must be true or false")
     if settings.get("context_window") is not None:
         number(settings["context_window"], f"{at}.context_window", "int", 1, 100_000_000)
     if settings.get("first_reply_grammar") is not None:
-        _text(settings["first_reply_grammar"], f"{at}.first_reply_grammar", 65536)
+        check_text(settings["first_reply_grammar"], f"{at}.first_reply_grammar", 65536)
         model = str(settings.get("model") or "")
         if model != "local" and not model.startswith("local/"):
             raise PrimefsError(f"{at}.first_reply_grammar is for the embedded model (model: local) only, "
-                               f"not {_short(model)}")
+                               f"not {short(model)}")
     for key, value in settings.items():  # the rest goes to litellm: plain values only
         if isinstance(value, float) and not math.isfinite(value):
             raise PrimefsError(f"{at}.{key} must be a finite number, not {value!r}")
@@ -239,7 +205,7 @@ def check_sandbox(value, where: str, root: Path | None = None) -> dict | None:
         _, kind, low, high = SANDBOX[key]
         if kind == "bool":
             if not isinstance(v, bool):
-                raise PrimefsError(f"{where}: sandbox.{key} must be true or false, not {_short(v)}")
+                raise PrimefsError(f"{where}: sandbox.{key} must be true or false, not {short(v)}")
             out[key] = v
         else:
             out[key] = number(v, f"{where}: sandbox.{key}", kind, low, high)
@@ -253,7 +219,7 @@ def _write_grants(value, where: str, root: Path | None) -> list[str]:
         raise PrimefsError(f"{where} must be a folder or a list of at most 64 folders")
     out = []
     for item in items:
-        _text(item, where, 4096)
+        check_text(item, where, 4096)
         path = Path(item).expanduser()
         if not path.is_absolute():
             if root is None:
@@ -264,70 +230,6 @@ def _write_grants(value, where: str, root: Path | None) -> list[str]:
             raise PrimefsError(f"{where}: {item!r} is not a folder")
         out.append(str(path))
     return out
-
-
-# -- where kernels run: hosts and resources -----------------------------------------------------------
-HOST_KINDS = ("local", "ray")
-HOST_KEYS = ("kind", "address", "resources")
-RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory")  # and custom resources: any other name
-RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")
-MEMORY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
-
-
-def check_hosts(value, where: str) -> list[dict]:
-    """`hosts:` in primefs.yaml: a list of {kind: local|ray, address, resources}; at most one of kind ray.
-    Returns the entries with checked values (resources normalized, see check_resources)."""
-    entries = [value] if isinstance(value, dict) else value
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise PrimefsError(f"{where}: `hosts:` must be a list of mappings like "
-                           "{kind: ray, address: auto, resources: {num_cpus: 1}}")
-    out = []
-    for i, entry in enumerate(entries):
-        at = f"{where}: hosts[{i}]"
-        unknown = [k for k in entry if k not in HOST_KEYS]
-        if unknown:
-            raise PrimefsError(f"{at}: unknown key {unknown[0]!r} (known: {', '.join(HOST_KEYS)}; what each kernel "
-                               "needs goes under `resources:`)")
-        if entry.get("kind") not in HOST_KINDS:
-            raise PrimefsError(f"{at}.kind must be one of {', '.join(HOST_KINDS)}, not {_short(entry.get('kind'))}")
-        checked = {"kind": entry["kind"], "resources": check_resources(entry.get("resources") or {}, f"{at}.resources")}
-        if entry["kind"] == "ray":
-            checked["address"] = _text(entry.get("address") or "auto", f"{at}.address", 512)
-        elif entry.get("address") is not None:
-            raise PrimefsError(f"{at}: a host of kind local takes no address")
-        out.append(checked)
-    if sum(e["kind"] == "ray" for e in out) > 1:
-        raise PrimefsError(f"{where}: `hosts:` names more than one host of kind ray (one cluster per runner)")
-    return out
-
-
-def check_resources(value, where: str) -> dict:
-    """What one kernel needs: num_cpus, num_gpus (numbers >= 0), memory (bytes, or text such as 512M, 4GiB)
-    and custom resources of the cluster (name: amount >= 0). Returns {name: number} with memory in bytes."""
-    if not isinstance(value, dict):
-        raise PrimefsError(f"{where} must be a mapping of num_cpus, num_gpus, memory or custom resource names "
-                           f"to amounts, not {_short(value)}")
-    out = {}
-    for key, amount in value.items():
-        if not isinstance(key, str) or not RESOURCE_NAME.fullmatch(key):
-            raise PrimefsError(f"{where}: {_short(key)} is not a resource name (num_cpus, num_gpus, memory, or a "
-                               "custom resource: letters, digits, _ . : -)")
-        if key in ("CPU", "GPU"):
-            raise PrimefsError(f"{where}: write num_{key.lower()}s, not {key}")
-        if key == "memory" and isinstance(amount, str):
-            out[key] = memory_bytes(amount, f"{where}.memory")
-            continue
-        out[key] = number(amount, f"{where}.{key}", "num", 0, 1e15)
-    return out
-
-
-def memory_bytes(text: str, where: str) -> int:
-    """'512M', '4G', '1.5GiB', '2048' -> bytes (K, M, G, T are powers of 1024)."""
-    m = MEMORY.fullmatch(text)
-    if not m:
-        raise PrimefsError(f"{where} must be a number of bytes or text such as 512M, 4G or 1.5GiB, not {text!r}")
-    scale = 1024 ** "_KMGT".index(m.group(2).upper() or "_")
-    return int(float(m.group(1)) * scale)
 
 
 # -- goals: budgets and end conditions ------------------------------------------------------------
@@ -372,14 +274,14 @@ def check_session_meta(data, where: str) -> dict:
     if not isinstance(data, dict):
         raise PrimefsError(f"{where}: not a mapping")
     for key in ("id", "name", "model"):
-        _text(data.get(key), f"{where}: {key}", 256)
+        check_text(data.get(key), f"{where}: {key}", 256)
     if data.get("status", "pending") not in STATUSES:
-        raise PrimefsError(f"{where}: status must be one of {', '.join(STATUSES)}, not {_short(data.get('status'))}")
+        raise PrimefsError(f"{where}: status must be one of {', '.join(STATUSES)}, not {short(data.get('status'))}")
     for key in ("parent", "goal", "context_data", "agent", "stop_reason", "created", "updated"):
         if data.get(key) is not None:
-            _text(data[key], f"{where}: {key}")
+            check_text(data[key], f"{where}: {key}")
     if data.get("error") is not None:
-        _text(data["error"], f"{where}: error", 100_000)
+        check_text(data["error"], f"{where}: error", 100_000)
     if data.get("depth") is not None:
         number(data["depth"], f"{where}: depth", "int", 0, 10_000)
     if data.get("started_ts") is not None:
@@ -404,5 +306,5 @@ def check_session_meta(data, where: str) -> dict:
     if data.get("resources") is not None:
         check_resources(data["resources"], f"{where}: resources")
     if data.get("node") is not None:
-        _text(data["node"], f"{where}: node", 256)
+        check_text(data["node"], f"{where}: node", 256)
     return data

@@ -33,7 +33,7 @@ from pathlib import Path
 from primefs.errors import PrimefsError
 from primefs.store.frontmatter import load_yaml, loads_yaml
 from primefs.store.fsutil import open_regular, write_atomic
-from primefs.store.history import check_at, iter_lines, parse_event, still_there
+from primefs.store.history import NewEvents, check_at, still_there
 from primefs.store.settings import check_session_meta
 
 FILE = "summary.json"
@@ -52,7 +52,8 @@ def empty(sid: str) -> dict:
             "usage": zero_usage(), "turns": 0, "last": None, "meta_key": None, "meta": {}, "broken": None}
 
 
-def _num(value, kind=float):
+def number(value, kind=float):
+    """A count from a field a hand-written line may hold anything in: a string, null or NaN count as 0."""
     try:
         n = kind(value or 0)
     except (TypeError, ValueError, OverflowError):  # a hand-written event: counted as nothing
@@ -61,31 +62,38 @@ def _num(value, kind=float):
 
 
 def fold(s: dict, e) -> None:
-    """Count one event (a parsed history line) into summary `s`."""
+    """Count one event (a parsed history line) into summary `s`: the one usage counter (`primefs usage`,
+    status, the web view, budgets and trace counts all count through it)."""
     s["events"] += 1
     if not isinstance(e, dict):
         return
     t, u = e.get("type"), s["usage"]
     if t == "model_call":
-        u["calls"] += 1
-        u["input_tokens"] += _num(e.get("input_tokens"), int)
-        u["output_tokens"] += _num(e.get("output_tokens"), int)
-        u["cost_usd"] += _num(e.get("cost_usd"))
-        u["cost_unknown_calls"] += 0 if e.get("cost_known") else 1
+        fold_call(u, e)
     elif t == "turn_end":
-        u["wall_s"] += _num(e.get("elapsed_s"))
+        u["wall_s"] += number(e.get("elapsed_s"))
     elif t == "tool_call":
         u["tool_calls"] += 1
         per = u["tools"].setdefault(str(e.get("name")), {"calls": 0, "errors": 0, "seconds": 0.0})
         per["calls"] += 1
         per["errors"] += 1 if e.get("error") else 0
-        per["seconds"] = round(per["seconds"] + _num(e.get("duration_s")), 4)
+        per["seconds"] = round(per["seconds"] + number(e.get("duration_s")), 4)
     elif t == "turn_start" and not e.get("resumed"):
         s["turns"] += 1
     last = {"ts": e.get("ts") if _number(e.get("ts")) else None, "type": str(t)}
     if t == "turn_end" and e.get("outcome"):
         last["outcome"] = str(e["outcome"])
     s["last"] = last
+
+
+def fold_call(u: dict, e: dict) -> None:
+    """Count one model_call event into usage `u` (zero_usage's keys), guarded against what a hand-written
+    line may hold (a string, NaN)."""
+    u["calls"] += 1
+    u["input_tokens"] += number(e.get("input_tokens"), int)
+    u["output_tokens"] += number(e.get("output_tokens"), int)
+    u["cost_usd"] += number(e.get("cost_usd"))
+    u["cost_unknown_calls"] += 0 if e.get("cost_known") else 1
 
 
 def usage(s: dict) -> dict:
@@ -110,17 +118,16 @@ def _forget_history(s: dict) -> None:
 
 def read_history(s: dict, f, size: int, each=None) -> None:
     """Bring `s` up to `size` bytes of the open history `f`: only the new lines if the file was only
-    appended to since, else everything again. `each(start, end, event)` also sees every line read."""
+    appended to since, else everything again. `each(start, end, event)` also sees every event folded
+    (the web view's charts, from the same pass)."""
     if s["offset"] == 0 or not still_there(f, s["offset"], s["check"], size):  # nothing read yet: nothing counted
         _forget_history(s)
-    for end, line in iter_lines(f, s["offset"], size):
-        start, s["offset"] = s["offset"], end
-        event = parse_event(line)
-        if event is None:  # a garbled line is skipped, as history.iter_events does
-            continue
+    read = NewEvents(f, s["offset"], size)
+    for start, end, event in read:
         fold(s, event)
         if each is not None:
             each(start, end, event)
+    s["offset"] = read.offset
     s["check"] = check_at(f, s["offset"])
 
 

@@ -18,6 +18,7 @@ from primefs.index.db import Index
 from primefs.store.conversation import INTERRUPTED, RESUMED, fenced_code
 from primefs.store.history import iter_events
 from primefs.store.session import Session, subtree
+from primefs.store.summary import fold_call, zero_usage
 from primefs.tracing import spans as tracing
 
 
@@ -62,7 +63,7 @@ def session_tree(ws, root: str) -> list[Session]:
 def replay(ws, root: str, tracer) -> dict:
     """Make the spans of `root`'s tree with `tracer`. Returns counts (sessions, spans, traces, tokens)."""
     done: dict[str, _Replayed] = {}
-    counts = {"sessions": 0, "spans": 0, "traces": set(), "input_tokens": 0, "output_tokens": 0, "unfinished": 0}
+    counts = {"sessions": 0, "spans": 0, "traces": set(), "usage": zero_usage(), "unfinished": 0}
 
     def emit(spec, ctx, parent):
         tracing.emit(tracer, spec, ctx, parent)
@@ -80,7 +81,8 @@ def replay(ws, root: str, tracer) -> dict:
             e.setdefault("n", i)  # histories older than the sequence number
         done[s.id] = _replay_session(s.id, meta, events, done.get(meta.get("parent")), emit, counts)
     counts["traces"] = len(counts["traces"])
-    return counts
+    u = counts.pop("usage")
+    return counts | {"input_tokens": u["input_tokens"], "output_tokens": u["output_tokens"]}
 
 
 def _replay_session(sid: str, meta: dict, events: list[dict], parent: _Replayed | None, emit, counts) -> _Replayed:
@@ -107,8 +109,7 @@ def _replay_session(sid: str, meta: dict, events: list[dict], parent: _Replayed 
         elif e.get("type") in ("model_call", "model_error"):
             emit(tracing.chat_span(sid, e), tracing.span_context(sid, tracing.chat_key(e), holder), holder)
             if e["type"] == "model_call":
-                counts["input_tokens"] += int(e.get("input_tokens") or 0)
-                counts["output_tokens"] += int(e.get("output_tokens") or 0)
+                fold_call(counts["usage"], e)
     return out
 
 

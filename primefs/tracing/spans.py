@@ -15,7 +15,7 @@ open spans (its turn, then the cell running in it) and these rules give every sp
 - a turn of a child: the parent session's innermost open span when the turn starts (the cell waiting for
   it, or the one that mailed it), else the parent's span that was innermost when the child was spawned
   (the cell that called `rlm()`), else none (the parent ran under an earlier runner).
-`primefs trace` applies the same rules to finished histories (tracereplay.py).
+`primefs trace` applies the same rules to finished histories (tracing/replay.py).
 
 One function per kind of span makes it from its events (`turn_span`, `cell_span`, `chat_span`), live and
 in a replay alike, and ids are derived from the session and the event: a live span is made when its last
@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from primefs.store.summary import number
 
 ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 EXPORTERS = ("otlp", "console")
@@ -165,7 +167,7 @@ def turn_span(sid: str, meta: dict, start: dict, end: dict | None, last_ts: floa
     attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": sid, "gen_ai.agent.name": name,
              "gen_ai.conversation.id": sid, "primefs.session.id": sid, "primefs.session.name": name,
              "primefs.session.model": str(meta.get("model") or ""),
-             "primefs.session.depth": int(meta.get("depth") or 0), "primefs.turn": int(start.get("turn") or 0)}
+             "primefs.session.depth": number(meta.get("depth"), int), "primefs.turn": number(start.get("turn"), int)}
     if start.get("model"):  # the model id the session's model (an alias, often) resolved to; older histories lack it
         attrs["gen_ai.request.model"] = str(start["model"])
     if meta.get("parent"):
@@ -192,7 +194,7 @@ def cell_span(sid: str, event: dict | None, *, call_id=None, begin: float = 0.0,
     if event is None:
         attrs["primefs.cell.unfinished"] = True
         return Spec("execute_tool python", attrs, begin, end)
-    elapsed = float(event.get("elapsed_s") or 0.0)
+    elapsed = number(event.get("elapsed_s"))
     attrs.update({"primefs.cell.elapsed_s": elapsed, "primefs.cell.timed_out": bool(event.get("timed_out")),
                   "primefs.cell.restarted": bool(event.get("restarted"))})
     kind = cell_error_type(event.get("error"))
@@ -205,18 +207,18 @@ def chat_span(sid: str, event: dict) -> Spec:
     model = str(event.get("model") or "")
     attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
              "gen_ai.provider.name": provider_name(model), "primefs.session.id": sid,
-             "primefs.purpose": event.get("purpose") or "turn", "primefs.attempt": int(event.get("attempt") or 1)}
+             "primefs.purpose": str(event.get("purpose") or "turn"), "primefs.attempt": number(event.get("attempt"), int) or 1}
     error = None
     if event.get("type") == "model_call":
-        attrs.update({"gen_ai.usage.input_tokens": int(event.get("input_tokens") or 0),
-                      "gen_ai.usage.output_tokens": int(event.get("output_tokens") or 0),
-                      "primefs.cost_usd": float(event.get("cost_usd") or 0.0),
+        attrs.update({"gen_ai.usage.input_tokens": number(event.get("input_tokens"), int),
+                      "gen_ai.usage.output_tokens": number(event.get("output_tokens"), int),
+                      "primefs.cost_usd": number(event.get("cost_usd")),
                       "primefs.cost_known": bool(event.get("cost_known"))})
         if event.get("response_model"):
             attrs["gen_ai.response.model"] = str(event["response_model"])
     else:
         error = ("model_error", event.get("error"))
-    return Spec(f"chat {model}", attrs, ts(event) - float(event.get("latency_s") or 0.0), ts(event), "CLIENT", error)
+    return Spec(f"chat {model}", attrs, ts(event) - number(event.get("latency_s")), ts(event), "CLIENT", error)
 
 
 def cell_error_type(error: str | None) -> str | None:

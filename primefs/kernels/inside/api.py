@@ -201,11 +201,25 @@ def setup(ns: dict, *, sock: str, token: str, session_id: str, workspace: str = 
           tools: list[dict] | None = None, plugins_dir: str | None = None) -> None:
     link = _Link(sock, token)
     sys.modules["skills"] = SkillsModule(skill_dirs or [], skills_refused)
+    api = {"context": load_context(Path(workspace), context_paths or [], context_data),
+           **_turn_control(link), **_model_calls(link), **_mail(link),
+           "harness": HarnessAPI(link),
+           "history": HistoryAPI(history or str(Path(workspace, "sessions", session_id, "history.jsonl"))),
+           "Handle": Handle, "ChildFailed": ChildFailed, "SESSION_ID": session_id}
+    box = make_tools(link, tools or [], plugins_dir)
+    api["tools"] = box
+    import builtins
 
-    def refine(instructions: str | None = None, scope: str = "global") -> str:
-        """Ask for one refinement of the harness from this session's recent events, applied when
-        this turn ends (one model call proposes edits; valid ones are committed with provenance)."""
-        return link("refine", instructions=instructions, scope=scope)
+    for name, fn in vars(box).items():  # the bare name too, where that shadows nothing
+        if name not in api and name not in ns and not hasattr(builtins, name):
+            api[name] = fn
+    ns.update(api)
+    PROVIDED.clear()
+    PROVIDED.update(api)
+
+
+def _turn_control(link: _Link) -> dict:
+    """done, goal_status, refine, heartbeat: how this session's turns end, and what follows them."""
 
     def done(answer) -> None:
         """Finish: `answer` becomes the session's result; no further model call this turn.
@@ -213,13 +227,24 @@ def setup(ns: dict, *, sock: str, token: str, session_id: str, workspace: str = 
         link("done", answer=str(answer))
         print("[done: the answer is recorded; the turn ends after this cell]")
 
+    def goal_status() -> dict:
+        """Your goal, budgets (limit, used, left) and end-condition results, checked now."""
+        return link("goal_status")
+
+    def refine(instructions: str | None = None, scope: str = "global") -> str:
+        """Ask for one refinement of the harness from this session's recent events, applied when
+        this turn ends (one model call proposes edits; valid ones are committed with provenance)."""
+        return link("refine", instructions=instructions, scope=scope)
+
     def heartbeat(every: str | None = None, *, cron: str | None = None, prompt: str | None = None) -> dict:
         """Re-enter this session on a schedule (every="5m", or cron="*/15 * * * *") with `prompt` as mail."""
         return link("heartbeat", every=every, cron=cron, prompt=prompt)
 
-    def goal_status() -> dict:
-        """Your goal, budgets (limit, used, left) and end-condition results, checked now."""
-        return link("goal_status")
+    return {"done": done, "goal_status": goal_status, "refine": refine, "heartbeat": heartbeat}
+
+
+def _model_calls(link: _Link) -> dict:
+    """llm, llm_batch, rlm, wait_all: plain model calls, and child sessions."""
 
     def llm(prompt: str, model: str | None = None) -> str:
         """One plain model call (no tools, no kernel); accounted to this session."""
@@ -250,6 +275,12 @@ def setup(ns: dict, *, sock: str, token: str, session_id: str, workspace: str = 
         deadline = None if timeout is None else time.monotonic() + timeout
         return [h.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for h in handles]
 
+    return {"llm": llm, "llm_batch": llm_batch, "rlm": rlm, "wait_all": wait_all}
+
+
+def _mail(link: _Link) -> dict:
+    """send, inbox, recv: messages between sessions."""
+
     def send(to: str, text: str) -> int:
         """Mail a session: an id, a child's name, "parent", "children" or "all". Returns how many got it."""
         return link("send", to=str(to), text=str(text))
@@ -262,18 +293,4 @@ def setup(ns: dict, *, sock: str, token: str, session_id: str, workspace: str = 
         """Wait for the next message (TimeoutError after `timeout` seconds)."""
         return Message(**link("recv", timeout=timeout))
 
-    api = dict(context=load_context(Path(workspace), context_paths or [], context_data), done=done, llm=llm, llm_batch=llm_batch,
-               rlm=rlm, wait_all=wait_all, goal_status=goal_status, harness=HarnessAPI(link), refine=refine,
-               heartbeat=heartbeat,
-               history=HistoryAPI(history or str(Path(workspace, "sessions", session_id, "history.jsonl"))),
-               send=send, inbox=inbox, recv=recv, Handle=Handle, ChildFailed=ChildFailed, SESSION_ID=session_id)
-    box = make_tools(link, tools or [], plugins_dir)
-    api["tools"] = box
-    import builtins
-
-    for name, fn in vars(box).items():  # the bare name too, where that shadows nothing
-        if name not in api and name not in ns and not hasattr(builtins, name):
-            api[name] = fn
-    ns.update(api)
-    PROVIDED.clear()
-    PROVIDED.update(api)
+    return {"send": send, "inbox": inbox, "recv": recv}

@@ -1,0 +1,42 @@
+"""Limits over a sandboxed kernel's whole tree that no rlimit can hold (sandbox.cpu_s, sandbox.disk_mb),
+kept by the runner: the watch local.py starts with its first sandboxed kernel.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+WATCH_S = 1.0
+
+
+def watch(kernels, closed) -> None:
+    """CPU seconds of a sandboxed kernel's whole tree (its cgroup) and what it wrote (its room, its
+    kernel/ folder, its socket folder), against `cpu_s` and `disk_mb`: past either, the kernel and all
+    it started are ended. Rooms are measured every second while a cell runs, else every 10 s (a
+    thread may go on writing after its cell). `kernels()`: the live sandboxed kernels now; runs until
+    `closed()`."""
+    rounds = 0
+    while not closed():
+        rounds += 1
+        for k in kernels():
+            box = k.spec.sandbox
+            if k.cgroup is not None and k.cgroup.cpu_seconds() > float(box["cpu_s"]):
+                k.kill(f"its processes used more than sandbox.cpu_s ({box['cpu_s']} CPU seconds)")
+            elif (k.client.busy or rounds % 10 == 0) and \
+                    room_bytes([*k.spec.rooms, k.base]) > int(box["disk_mb"]) * 1024 * 1024:
+                k.kill(f"what it wrote (sessions/{k.session_id}/work/ and kernel/) grew past sandbox.disk_mb "
+                       f"({box['disk_mb']} MB)")
+        time.sleep(WATCH_S)
+
+
+def room_bytes(rooms: list) -> int:
+    """Bytes of the files in these folders (links not followed)."""
+    total = 0
+    for room in rooms:
+        for folder, _dirs, files in os.walk(room):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+                except OSError:
+                    pass
+    return total
