@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from primefs.store import livefeed, redact
+from primefs.store import events, livefeed, redact
 from primefs.store.fsutil import NotRegular, open_regular
 
 
@@ -45,7 +45,12 @@ class History:
 
     def append(self, type: str, **fields) -> dict:
         """Append an event; returns it (with `ts`, `type` and a per-session sequence number `n`).
-        Known secrets in its fields are redacted first (redact.py)."""
+        Known secrets in its fields are redacted first (redact.py). With PRIMEFS_CHECK_EVENTS set (the
+        tests), an event the registry (events.py) does not declare is refused."""
+        if os.environ.get("PRIMEFS_CHECK_EVENTS"):
+            wrong = events.problem(type, fields)
+            if wrong:
+                raise ValueError(wrong)
         fields = redact.value(fields)
         with self._lock:
             fd = self._open()
@@ -104,7 +109,7 @@ def iter_events(path: Path) -> Iterator[dict]:
 def parse_event(line: bytes) -> dict | None:
     """One history line as an event, or None for a garbled one: not JSON, nested too deep, not an
     object, no text `type`, a `ts` that is no time (NaN, 1e308, a string), a field readers rely on
-    missing or of the wrong type (SHAPES). Lone surrogates (a legal JSON
+    missing or of the wrong type (events.SHAPES). Lone surrogates (a legal JSON
     escape, which nothing can print or store) become U+FFFD. Every reader of history lines uses this."""
     try:
         e = json.loads(line)
@@ -123,22 +128,11 @@ def parse_event(line: bytes) -> dict | None:
 
 
 MAX_TS = 1e11  # year 5138: a time past it is not one
-STR, OPT = (str,), (str, type(None))
-# The fields readers rely on (the conversation, seen mail, compaction), by event type: (types, required).
-# Any other field is read with .get() and its type checked where it is used.
-SHAPES = {
-    "*": {"n": ((int,), False), "text": (OPT, False), "error": (OPT, False)},
-    "task": {"text": (STR, True)},
-    "notice": {"text": (STR, True)},
-    "message": {"id": (STR, True), "from": (STR, True), "kind": (STR, True), "text": (STR, True)},
-    "assistant": {"calls": ((list, type(None)), False)},
-    "cell": {"call_id": (OPT, False), "shown": (STR, True)},
-    "compaction": {"summary": (STR, True), "upto_n": ((int,), True)},
-}
 
 
 def _well_typed(e: dict) -> bool:
-    for shape in (SHAPES["*"], SHAPES.get(e["type"], {})):
+    """The fields readers rely on (events.SHAPES: the conversation, seen mail, compaction) have their types."""
+    for shape in (events.COMMON, events.SHAPES.get(e["type"], {})):
         for field, (types, required) in shape.items():
             if field in e:
                 if isinstance(e[field], bool) or not isinstance(e[field], types):

@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from primefs.store.events import Cell, ModelCall, ModelErrorEvent, TurnEnd, TurnStart
 from primefs.store.summary import number
 
 ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -161,7 +162,7 @@ def provider_name(model: str) -> str:
     return str(model).split("/", 1)[0] if "/" in str(model) else str(model)
 
 
-def turn_span(sid: str, meta: dict, start: dict, end: dict | None, last_ts: float) -> Spec:
+def turn_span(sid: str, meta: dict, start: TurnStart, end: TurnEnd | None, last_ts: float) -> Spec:
     """A turn from its `turn_start` to its `turn_end`; without one (it runs, or its runner died) to `last_ts`."""
     name = str(meta.get("name") or sid)
     attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": sid, "gen_ai.agent.name": name,
@@ -184,7 +185,7 @@ def turn_span(sid: str, meta: dict, start: dict, end: dict | None, last_ts: floa
     return Spec(f"invoke_agent {name}", attrs, ts(start), ts(end), error=error)
 
 
-def cell_span(sid: str, event: dict | None, *, call_id=None, begin: float = 0.0, end: float = 0.0) -> Spec:
+def cell_span(sid: str, event: Cell | None, *, call_id=None, begin: float = 0.0, end: float = 0.0) -> Spec:
     """A cell from its `cell` event; without one (its runner died in it, or it runs) from `begin` to `end`."""
     call_id = event.get("call_id") if event is not None else call_id
     attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "python", "gen_ai.tool.type": "function",
@@ -202,7 +203,7 @@ def cell_span(sid: str, event: dict | None, *, call_id=None, begin: float = 0.0,
     return Spec("execute_tool python", attrs, ts(event) - elapsed, ts(event), error=error)
 
 
-def chat_span(sid: str, event: dict) -> Spec:
+def chat_span(sid: str, event: ModelCall | ModelErrorEvent) -> Spec:
     """A model call attempt from its `model_call` (or `model_error`) event."""
     model = str(event.get("model") or "")
     attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
