@@ -58,7 +58,8 @@ def mend(mail_dir: Path) -> list[str]:
             if path == mail_dir:
                 os.rename(path, path.with_name(f"mail.not-a-folder.{secrets.token_hex(3)}"))
             else:
-                quarantine(path, f"mail/{path.name} was not a folder: kept here, the folder made again")
+                quarantine(path, f"mail/{path.name} was not a folder: kept here, the folder made again",
+                           mail_dir / "bad")
             aside.append("mail" if path == mail_dir else f"mail/{path.name}")
         except FileNotFoundError:
             pass
@@ -164,10 +165,11 @@ def _parse(path: Path, to: str, root: Path | None) -> Message:
                    text=body, created=str(meta.get("created") or iso(path.stat().st_mtime)), path=path)
 
 
-def quarantine(path: Path, reason: str) -> Path:
-    """Move a bad message to mail/bad/ with a .reason file beside it: never lost, never retried.
-    Raises OSError if it cannot be moved (the caller then leaves it alone)."""
-    bad = path.parent.parent / "bad"
+def quarantine(path: Path, reason: str, bad: Path | None = None) -> Path:
+    """Move a bad message (mail/new/x, mail/cur/x; or what is in a folder's place, with `bad` given) to
+    mail/bad/ with a .reason file beside it: never lost, never retried. Raises OSError if it cannot be
+    moved (the caller then leaves it alone)."""
+    bad = bad or path.parent.parent / "bad"
     bad.mkdir(exist_ok=True)
     name = base_name(path)
     if len(os.fsencode(name)) > 200:  # room for the .reason beside it (names end at 255 bytes)
