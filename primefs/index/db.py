@@ -20,7 +20,7 @@ from primefs.errors import PrimefsError
 from primefs.index.database import Database
 from primefs.store import summary as summaries
 from primefs.store.fsutil import read_regular
-from primefs.store.session import Session
+from primefs.store.session import Session, subtree
 from primefs.store.summary import META, stat_key
 
 COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
@@ -256,16 +256,19 @@ class Index(Database):
         return dict(self.run(lambda db: db.execute("SELECT id, name FROM sessions WHERE broken IS NULL").fetchall()))
 
     def subtree(self, sid: str) -> list[str]:
-        """`sid` and its descendants as the index knows them (parents first; refresh() first if it must be now)."""
-        out, frontier = [sid], [sid]
+        """`sid` and its descendants as the index knows them, in store/session.subtree's order (refresh()
+        first if it must be now). The index gives the children a generation at a time; the walk is that one."""
+        children: dict[str, list[str]] = {}
+        seen, frontier = {sid}, [sid]
         while frontier:
-            kids = self.run(lambda db: [r[0] for r in db.execute(
-                "SELECT id FROM sessions WHERE parent IN (SELECT value FROM json_each(?)) AND broken IS NULL "
-                "ORDER BY id", (json.dumps(frontier),))])
-            kids = [k for k in kids if k not in out]  # a hand-made cycle is cut
-            out += kids
-            frontier = kids
-        return out
+            rows = self.run(lambda db: db.execute(
+                "SELECT id, parent FROM sessions WHERE parent IN (SELECT value FROM json_each(?)) AND broken IS NULL",
+                (json.dumps(frontier),)).fetchall())
+            frontier = [k for k, _ in rows if k not in seen]  # a hand-made cycle is cut
+            seen.update(frontier)
+            for kid, parent in rows:
+                children.setdefault(parent, []).append(kid)
+        return subtree(children, sid)
 
     def tree(self, sid: str) -> dict[str, dict]:
         """Current rows of `sid` and all its descendants: new folders, mended session.yaml files and the
