@@ -50,8 +50,10 @@ test: install chromium
 	$(BIN)/python -m pytest -q -ra -m "not netns"
 	$(IN_NETNS) $(BIN)/python -m pytest -q -ra -m netns
 
+# The unit tests (tests/unit/: each part of the runner with fakes, no runner, no kernel, no server), in well under
+# a minute. Without the phoenix client's pytest plugin, which alone takes seconds to import (no unit test uses it).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not netns"
+	$(BIN)/python -m pytest -q -p no:phoenix tests/unit
 
 test-browser: install chromium
 	$(IN_NETNS) $(BIN)/python -m pytest -q -ra -m netns

@@ -80,7 +80,3 @@ def recount(folder: Path) -> tuple[dict, int]:
     u["cost_usd"], u["wall_s"] = round(u["cost_usd"], 10), round(u["wall_s"], 4)
     return u, turns
 
-
-def cli(ws, *args, timeout: float = 120):
-    return subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True,
-                          text=True, timeout=timeout)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import BackgroundRunner, wait_for
-from scaletools import cli, fan_out, grow
+from conftest import BackgroundRunner, cli, wait_for
+from scaletools import fan_out, grow
 
 from primefs.runner import alive
 from primefs.store import mail

@@ -11,8 +11,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import BackgroundRunner, wait_for
-from scaletools import cli, fan_out, grow
+from conftest import BackgroundRunner, cli, wait_for
+from scaletools import fan_out, grow
 
 from primefs.index import archive
 from primefs.store import mail
@@ -351,7 +351,7 @@ def test_events_appended_just_before_the_move_are_indexed_with_the_tree(ws, monk
 
     def keys(folder):
         if folder.parent == ws.sessions:  # step 1's snapshot, the folder still in sessions/
-            Session(folder).history.append("note", text=f"lastword{folder.name[-3:]}")
+            Session(folder).history.append("notice", text=f"lastword{folder.name[-3:]}")
         return real_keys(folder)
 
     monkeypatch.setattr(archive, "_keys", keys)

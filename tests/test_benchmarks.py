@@ -9,7 +9,6 @@ import importlib.util
 import json
 import re
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -98,10 +97,7 @@ def test_needle_oracle(tokens, keys, seed):
 
 def test_needle_oracle_at_2_pow_20_tokens():
     bench = needle.NeedleBenchmark(tokens=2**20, keys=2)
-    start = time.perf_counter()
     it = bench.make_item(3, 0)
-    made = time.perf_counter() - start
-    assert made < 2.0
     assert abs(len(it["context"]) - 4 * 2**20) < 0.01 * 4 * 2**20
     assert bench.score(bench.oracle(it), it["expected"]) == 1.0
     # The size can also be chosen per call.
@@ -256,9 +252,7 @@ def test_pairs_score(answer, score):
 # -- sizes chosen per run (`primefs eval --param`) ---------------------------------------------------
 def test_needle_at_ten_million_characters():
     bench = needle.NeedleBenchmark()
-    start = time.perf_counter()
-    it = next(bench.items(1, 0, chars=10_000_000, keys=3))
-    assert time.perf_counter() - start < 5.0
+    it = next(bench.items(1, 0, chars=10_000_000, keys=3))  # how fast: bench/ (docs/performance.md)
     assert abs(len(it["context"]) - 10_000_000) < 0.01 * 10_000_000 and len(it["expected"]) == 3
     assert bench.score(bench.oracle(it), it["expected"]) == 1.0
     assert next(bench.items(1, 0)) == bench.make_item(0, 0)  # no parameter: the registered size

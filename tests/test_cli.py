@@ -2,21 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-PRIMEFS = [sys.executable, "-m", "primefs"]
-
-
-def cli(*args, cwd=None, env=None, input=None):
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("PRIMEFS_WORKSPACE", None) if "PRIMEFS_WORKSPACE" not in (env or {}) else None
-    return subprocess.run([*PRIMEFS, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
-                          input=input, timeout=120)
+from conftest import PRIMEFS, Output, cli
 
 
 def assert_clean_error(r, *words):
@@ -224,14 +214,16 @@ def test_log_follow_streams_appended_events(home):
     sid = json.loads(cli("status", "--json", cwd=home).stdout)[0]["id"]
     for args in ((), ("--json",)):
         proc = subprocess.Popen([*PRIMEFS, "log", "f", "-f", *args], cwd=home, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)
+                                stderr=subprocess.PIPE)
+        shown, said = Output(proc.stdout), Output(proc.stderr)
+        shown.wait("Three files")  # what was there is shown; then it follows
         with open(home / "sessions" / sid / "history.jsonl", "a") as f:
             f.write(json.dumps({"ts": time.time(), "type": "notice", "n": 999, "text": f"late news {len(args)}"}) + "\n")
-        time.sleep(1.0)
+        shown.wait(f"late news {len(args)}")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=10)
-        assert f"late news {len(args)}" in out and "Three files" in out and "Traceback" not in err
+        proc.wait(10)
+        said.thread.join(10)
+        assert "Traceback" not in said.text
 
 
 def test_an_unreachable_ray_cluster_is_a_clear_error_at_once(tmp_path):

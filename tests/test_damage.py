@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import run_once
+from conftest import by_name, run_once
 
 from primefs.cli.main import main
 from primefs.store.goals import write_goal
-from primefs.store.session import list_sessions
 
 DEEP = "[" * 200_000 + "]" * 200_000
 COMMANDS = [["status"], ["status", "--json"], ["status", "-a"], ["usage", "one"], ["usage", "one", "--tree"],
@@ -44,10 +43,6 @@ def template(tmp_path_factory):
         write_goal(ws, name, name=name)
     run_once(ws)
     return ws.root
-
-
-def by_name(root: Path) -> dict:
-    return {s.meta.get("name"): s for s in list_sessions(root / "sessions")}
 
 
 def history_line(root, line: str):

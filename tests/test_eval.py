@@ -2,21 +2,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import cli as primefs_cli
 
 from primefs.store.history import iter_events
 
+PLUGINS = {"PRIMEFS_LOAD_PLUGINS": "1"}  # the benchmarks come from plugins (the suite loads none by default)
 
-def cli(*args, cwd, env=None):
-    r = subprocess.run([sys.executable, "-m", "primefs", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PRIMEFS_LOAD_PLUGINS": "1", **(env or {})})
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
+
+def cli(*args, env=None, **kw):
+    return primefs_cli(*args, env={**PLUGINS, **(env or {})}, **{"timeout": 300, **kw})
 
 
 def rows(out):
@@ -131,7 +129,7 @@ def test_plugins_from_a_package_and_from_the_workspace_folder(tmp_path):
     assert cli("init", "ws", cwd=tmp_path).returncode == 0
     (tmp_path / "ws" / "plugins" / "wsbench.py").write_text(BENCH_PLUGIN.format(name="tiny-workspace"))
     assert cli("trust", "plugins/wsbench.py", cwd=tmp_path / "ws").returncode == 0
-    r = cli("eval", "--list", "-w", "ws", cwd=tmp_path, env={"PYTHONPATH": str(site)})
+    r = cli("eval", "--list", "-w", "ws", cwd=tmp_path, env={**PLUGINS, "PYTHONPATH": str(site)})
     assert "tiny-package: a tiny test benchmark" in r.stdout and "tiny-workspace: a tiny test benchmark" in r.stdout
     r = cli("eval", "tiny-workspace", "--oracle", "-w", "ws", "--n", "2", "--out", "t", cwd=tmp_path)
     assert r.returncode == 0 and json.loads((tmp_path / "t" / "summary.json").read_text())["mean_score"] == 1.0

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from conftest import run_once, use_server
+from conftest import cli, run_once, use_server
 
 from primefs.store.goals import write_goal
 from primefs.store.session import list_sessions
@@ -113,11 +111,7 @@ def test_done_refused_while_end_conditions_fail_and_goal_status(ws, server):
 
 
 def test_goal_flags_and_bad_goal_control(ws, tmp_path):
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True,
-                              text=True, timeout=60)
-
-    r = cli("goal", "x", "--name", "flags", "--autonomous", "--budget", "turns=3", "--budget", "cost_usd=0.5",
+    r = cli(ws, "goal", "x", "--name", "flags", "--autonomous", "--budget", "turns=3", "--budget", "cost_usd=0.5",
             "--end-condition", "command=pytest -q")
     assert r.returncode == 0, r.stderr
     text = (ws.goals / "flags.md").read_text()
@@ -125,13 +119,13 @@ def test_goal_flags_and_bad_goal_control(ws, tmp_path):
     for args, word in ((("--budget", "bananas=3"), "bad --budget"), (("--budget", "turns=x"), "not a number"),
                        (("--end-condition", "nope=1"), "unknown end condition"),
                        (("--end-condition", "novalue"), "bad --end-condition")):
-        r = cli("goal", "x", *args)
+        r = cli(ws, "goal", "x", *args)
         assert r.returncode == 1 and "Traceback" not in r.stderr and word in r.stderr, r.stderr
     (ws.goals / "bad.md").write_text("---\nbudget: {turns: -1}\n---\nx\n")
     (ws.goals / "bad2.md").write_text("---\nend_conditions: [{weird: 1}]\n---\nx\n")
-    r = cli("status")
+    r = cli(ws, "status")
     assert "budget turns must be a positive number" in r.stderr and "unknown end condition 'weird'" in r.stderr
-    assert json.loads(cli("status", "--json").stdout) == []
+    assert json.loads(cli(ws, "status", "--json").stdout) == []
 
 
 def test_cost_budget_from_litellm_prices(ws, server):
@@ -155,11 +149,9 @@ def test_cost_budget_from_litellm_prices(ws, server):
 
 
 def test_goal_heartbeat_flag(ws):
-    r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), "goal", "x", "--name", "hb",
-                        "--heartbeat", "every 5m", "--heartbeat-prompt", "look again"], capture_output=True, text=True)
+    r = cli(ws, "goal", "x", "--name", "hb", "--heartbeat", "every 5m", "--heartbeat-prompt", "look again")
     assert r.returncode == 0, r.stderr
     text = (ws.goals / "hb.md").read_text()
     assert "schedule: every 5m" in text and "prompt: look again" in text
-    bad = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), "goal", "x", "--heartbeat", "often"],
-                         capture_output=True, text=True)
+    bad = cli(ws, "goal", "x", "--heartbeat", "often")
     assert bad.returncode == 1 and "bad heartbeat schedule" in bad.stderr

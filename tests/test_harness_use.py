@@ -3,24 +3,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
-from conftest import run_once, use_server
+from conftest import by_name, cli, run_once, use_server
 
 from primefs.store.goals import write_goal
 from primefs.harness.entries import Harness
 from primefs.store.session import list_sessions
-
-
-def cli(ws, *args):
-    r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True, text=True,
-                       timeout=120)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
-
-
-def by_name(ws):
-    return {s.name: s for s in list_sessions(ws.sessions)}
 
 
 def system_prompt_of(server, task):

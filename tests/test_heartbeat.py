@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from datetime import datetime
 
 import pytest
-from conftest import BackgroundRunner, configure, run_once, wait_for
+from conftest import BackgroundRunner, cli, configure, run_once, wait_for
 
 from primefs.store import heartbeat as hb
 from primefs.errors import PrimefsError
@@ -73,31 +71,25 @@ def test_cli_and_kernel_heartbeats(ws):
     s = list_sessions(ws.sessions)[0]
     assert "'id': 'hb-" in s.events("cell")[0]["output"]
 
-    def cli(*args):
-        r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True,
-                           text=True, timeout=60)
-        assert "Traceback" not in r.stderr
-        return r
-
-    r = cli("heartbeat", "k", "*/5 * * * *", "check the build")
+    r = cli(ws, "heartbeat", "k", "*/5 * * * *", "check the build")
     assert r.returncode == 0 and r.stdout.startswith("hb-")
-    rows = json.loads(cli("heartbeat", "list", "k", "--json").stdout)
+    rows = json.loads(cli(ws, "heartbeat", "list", "k", "--json").stdout)
     assert sorted(x["prompt"] for x in rows) == ["check the build", "hourly"]
     hid = r.stdout.split(":")[0]
-    assert "paused" in cli("heartbeat", "pause", "k", hid).stdout
+    assert "paused" in cli(ws, "heartbeat", "pause", "k", hid).stdout
     assert hb.find(s.dir, hid)["paused"] is True
-    assert "active" in cli("heartbeat", "resume", "k", hid).stdout
-    paused = json.loads(cli("heartbeat", "pause", "k", hid, "--json").stdout)
+    assert "active" in cli(ws, "heartbeat", "resume", "k", hid).stdout
+    paused = json.loads(cli(ws, "heartbeat", "pause", "k", hid, "--json").stdout)
     assert paused["id"] == hid and paused["paused"] is True and paused["session"] == s.id
-    added = json.loads(cli("heartbeat", "k", "every 1h", "later", "--json").stdout)
+    added = json.loads(cli(ws, "heartbeat", "k", "every 1h", "later", "--json").stdout)
     assert added["schedule"] == "every 1h" and added["next_due"] > 0
-    gone = json.loads(cli("heartbeat", "rm", "k", added["id"], "--json").stdout)
+    gone = json.loads(cli(ws, "heartbeat", "rm", "k", added["id"], "--json").stdout)
     assert gone == {"id": added["id"], "session": s.id, "removed": True}
-    assert cli("heartbeat", "rm", "k", hid).returncode == 0
-    assert len(json.loads(cli("heartbeat", "list", "--json").stdout)) == 1
-    bad = cli("heartbeat", "k", "whenever", "x")
+    assert cli(ws, "heartbeat", "rm", "k", hid).returncode == 0
+    assert len(json.loads(cli(ws, "heartbeat", "list", "--json").stdout)) == 1
+    bad = cli(ws, "heartbeat", "k", "whenever", "x")
     assert bad.returncode == 1 and "bad heartbeat schedule" in bad.stderr
-    assert cli("heartbeat", "rm", "k", "hb-nope").returncode == 1
+    assert cli(ws, "heartbeat", "rm", "k", "hb-nope").returncode == 1
 
 
 def test_cron_day_fields_match_either_when_both_are_set():

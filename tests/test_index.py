@@ -8,7 +8,8 @@ import sqlite3
 import time
 
 import pytest
-from scaletools import cli, fan_out, grow, recount
+from conftest import cli
+from scaletools import fan_out, grow, recount
 
 from primefs.index import database as indexmod
 from primefs.index.db import Index, session_ids
@@ -194,7 +195,7 @@ def test_two_index_writers_at_once_store_each_event_once(ws, monkeypatch):
     counts = _events_per_session(one)
     assert counts == {sid: _lines((ws.sessions / sid / "history.jsonl").read_bytes()) for sid in session_ids(ws.sessions)}
     # appended lines, again read by both before either writes
-    Session(ws.sessions / session_ids(ws.sessions)[0]).history.append("note", text="appended")
+    Session(ws.sessions / session_ids(ws.sessions)[0]).history.append("notice", text="appended")
     _two_writers_at_once(monkeypatch, lambda: sync_events(two), lambda: sync_events(one))
     assert sum(_events_per_session(two).values()) == sum(counts.values()) + 1
     r = cli(ws, "logs", "--counts", "--json")

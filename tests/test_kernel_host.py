@@ -47,13 +47,10 @@ def test_kernels_are_separate_processes_forked_from_the_template(host, tmp_path)
     assert all(int(open(f"/proc/{k.pid}/stat").read().rsplit(")", 1)[1].split()[1]) != os.getpid() for k in (a, b))
 
 
-def test_kernel_start_is_fast_and_the_environment_is_scrubbed(host, tmp_path, monkeypatch):
+def test_a_kernel_starts_with_the_environment_scrubbed(host, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-in-the-runner")
     host.start(KernelSpec("warm", tmp_path))  # the template is ready
-    started = time.monotonic()
-    k = host.start(KernelSpec("s", tmp_path))
-    elapsed = time.monotonic() - started
-    assert elapsed < 2.0  # ~0.03 s here; bench/kernels.py measures it properly
+    k = host.start(KernelSpec("s", tmp_path))  # how fast: bench/kernels.py measures it (docs/performance.md)
     out = k.execute("import os\nprint('OPENAI_API_KEY' in os.environ, open('/proc/self/environ', 'rb').read()"
                     ".count(b'sk-secret'))", timeout=20).output
     assert out == "False 0\n"

@@ -1,4 +1,4 @@
-"""What long use and hand edits do to mail, trees and heartbeats (issue 21, items 28-29): a mail name
+"""What long use and hand edits do to mail, trees and heartbeats: a mail name
 used again, mail no one can print, a cycle of parents, a tree stopped without a runner, a heartbeat that
 never fires. Real runners, real files, the CLI as a user runs it."""
 from __future__ import annotations

@@ -11,12 +11,11 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from conftest import BackgroundRunner, configure, run_once, use_server, wait_for
+from conftest import BackgroundRunner, by_name, configure, run_once, use_server, wait_for
 
 from primefs.index.accounting import UsageIndex
 from primefs.store.goals import write_goal
 from primefs.store.mail import deliver
-from primefs.store.session import list_sessions
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -39,10 +38,6 @@ def cluster():
 def on_ray(ws, cluster, **changes):
     """Kernels of this workspace on the cluster's workers (every kernel needs `worker: 1`)."""
     return configure(ws, hosts=[{"kind": "ray", "address": cluster.address, "resources": {"worker": 1}}], **changes)
-
-
-def by_name(ws):
-    return {s.name: s for s in list_sessions(ws.sessions)}
 
 
 def node_of(cluster, worker: str) -> str:

@@ -3,15 +3,11 @@ from __future__ import annotations
 
 import json
 
-from conftest import configure, run_once, use_server
+from conftest import by_name, cli, configure, run_once, use_server
 
 from primefs.index.accounting import UsageIndex
 from primefs.store.goals import write_goal
 from primefs.store.session import list_sessions
-
-
-def by_name(ws):
-    return {s.name: s for s in list_sessions(ws.sessions)}
 
 
 def outputs(s):
@@ -206,15 +202,6 @@ def test_bad_send_target_and_bad_spawn_are_errors_in_the_cell(ws, server):
 
 
 def test_cli_send_stop_usage_tree_and_log(ws, server, tmp_path):
-    import subprocess
-    import sys
-
-    def cli(*args):
-        r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True,
-                           text=True, timeout=120)
-        assert "Traceback" not in r.stderr
-        return r
-
     parent = {"match": "^Tree", "replies": [{"code": "h = rlm('Leafy', name='leafy')\nprint(h.wait())"},
                                             {"text": "tree done"}, {"text": "after user mail"}]}
     leaf = {"match": "^Leafy", "replies": [{"text": "leaf result"}]}
@@ -222,32 +209,32 @@ def test_cli_send_stop_usage_tree_and_log(ws, server, tmp_path):
     ws = use_server(ws, server)
     write_goal(ws, "Tree test", name="top")
     run_once(ws)
-    r = cli("send", "top", "hello from the user")
+    r = cli(ws, "send", "top", "hello from the user")
     assert r.returncode == 0 and "delivered" in r.stdout
     run_once(ws)
     top = by_name(ws)["top"]
     assert top.read_result() == "after user mail"
     assert top.events("message")[-1]["kind"] == "user" and top.events("message")[-1]["from"] == "user"
     # usage --tree and status agree
-    tree_out = cli("usage", "top", "--tree").stdout
+    tree_out = cli(ws, "usage", "top", "--tree").stdout
     assert "leafy" in tree_out and "total" in tree_out
-    status = {r["name"]: r for r in json.loads(cli("status", "--json").stdout)}
-    usage = json.loads(cli("usage", "top", "--json").stdout)
+    status = {r["name"]: r for r in json.loads(cli(ws, "status", "--json").stdout)}
+    usage = json.loads(cli(ws, "usage", "top", "--json").stdout)
     assert status["top"]["tree_usage"] == usage["tree"]
     assert usage["tree"]["calls"] == usage["own"]["calls"] + status["leafy"]["usage"]["calls"]
     # the log names the other sessions
-    log = cli("log", "top").stdout
+    log = cli(ws, "log", "top").stdout
     assert "spawned" in log and "leafy" in log and "result from" in log
     # stop without a runner: marked at once, with --tree for descendants
-    r = cli("stop", "top", "--tree")
+    r = cli(ws, "stop", "top", "--tree")
     assert r.returncode == 0
-    status = {r["name"]: r for r in json.loads(cli("status", "--json").stdout)}
+    status = {r["name"]: r for r in json.loads(cli(ws, "status", "--json").stdout)}
     assert status["top"]["status"] == status["leafy"]["status"] == "stopped"
     # a stopped session takes no turn for new mail
-    cli("send", "top", "are you there?")
+    cli(ws, "send", "top", "are you there?")
     run_once(ws)
     assert top.reload()["status"] == "stopped" and len(top.events("turn_start")) == 2
-    assert cli("send", "nobody", "x").returncode == 1
+    assert cli(ws, "send", "nobody", "x").returncode == 1
 
 
 def test_stop_interrupts_a_running_session(ws, server):

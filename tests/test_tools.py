@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import configure, run_once, use_server
+from conftest import cli, configure, run_once, use_server
 
 from primefs.store import trust
 from primefs.index.accounting import UsageIndex
@@ -40,11 +39,6 @@ def script(ws, text: str):
 def cells(ws, name):
     s = next(x for x in list_sessions(ws.sessions) if x.name == name)
     return s, [c["output"] + (c.get("error") or "") for c in s.events("cell")]
-
-
-def cli(ws, *args):
-    return subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_kernel_and_runner_tools_from_a_workspace_plugin(tool_ws):

@@ -253,7 +253,7 @@ def test_a_call_whose_cell_is_not_written_shows_its_code(ws):
     s = create_session(ws.sessions, task="t", name="s", model="scripted/x.yaml")
     call = {"id": "call_0", "name": "python", "arguments": json.dumps({"code": "print('first')"})}
     s.history.append("assistant", text="", calls=[call])
-    s.history.append("cell", call_id="call_0", code="print('first')", output="first\n")
+    s.history.append("cell", call_id="call_0", code="print('first')", output="first\n", shown="first\n")
     s.history.append("assistant", text="and again", calls=[dict(call, arguments=json.dumps({"code": "slow()"}))])
     c = client(ws)
     page = c.get(f"/s/{s.id}").text

@@ -1,4 +1,4 @@
-"""The operator's day (issue #13): ask, wait, result, exec, kernel, models, plugins; a runner that reloads
+"""The commands a person runs beside a runner: ask, wait, result, exec, kernel, models, plugins; a runner that reloads
 primefs.yaml, reads goal files once written, says what is true; replies shown as they stream; restarts
 that do not count as turns. Real processes, real files, a real scripted HTTP model server."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import re
 import os
 import signal
 import subprocess
-import threading
 import time
 
 import pytest
-from conftest import PRIMEFS, answered_under_a_runner, cli, configure, run_once, session_named, use_server, wait_for
+from conftest import (PRIMEFS, Output, answered_under_a_runner, cli, configure, run_once, session_named, use_server,
+                      wait_for)
 from openai_server import ScriptServer
 
 from primefs.store.control import lock_held
@@ -69,11 +69,13 @@ def test_wait_and_result_say_when_there_is_nothing(ws, scripted):
     assert w.returncode == 3 and "later is stopped" in w.stderr
     s.set_status("running")
     waiter = subprocess.Popen([*PRIMEFS, "-w", str(ws.root), "wait", "later"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+                              stderr=subprocess.PIPE)
+    said = Output(waiter.stderr)
+    said.wait("waiting for one to start")  # it waits (no runner is running)
     waiter.send_signal(signal.SIGINT)  # cut short: no answer, so not 0
-    out, errs = waiter.communicate(timeout=30)
-    assert waiter.returncode == 130 and out == "" and "Traceback" not in errs
+    waiter.wait(30)
+    said.thread.join(10)
+    assert waiter.returncode == 130 and waiter.stdout.read() == b"" and "Traceback" not in said.text
     s.set_status("stopped", stop_reason="stopped")
     # a message to a stopped session is delivered, with a warning that says it will not be read
     r = cli(ws, "send", "later", "hello?", "--json")
@@ -86,7 +88,7 @@ def test_exec_and_kernel_reach_the_live_kernel(ws, scripted, daemon_cleanup):
     s = answered_under_a_runner(ws, "box", "keep a variable\n", "set")
     r = cli(ws, "exec", "box", "secret += 1\nprint(secret)")
     assert r.returncode == 0 and r.stdout == "42\n", r.stderr
-    bad = cli(ws, "exec", "box", "1/0")
+    bad = cli(ws, "exec", "box", "1/0", clean=False)  # the traceback of the user's own code is the answer
     assert bad.returncode == 1 and "ZeroDivisionError" in bad.stderr
     [first, second] = s.events("exec")
     assert first["by"] == "user" and first["code"].startswith("secret += 1") and first["output"] == "42\n"
@@ -262,15 +264,12 @@ def test_replies_are_shown_as_they_stream(ws, daemon_cleanup):
             follower = subprocess.Popen([*PRIMEFS, "-w", str(ws.root), "log", "t", "-f"], stdout=subprocess.PIPE,
                                         env={**os.environ, "COLUMNS": "200"})
             assert seen
-            chunks: list[bytes] = []  # read as written: the piece shown so far ends no line
-            reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(follower.stdout.fileno(),
-                                                                                        4096), b"")), daemon=True)
-            reader.start()
-            wait_for(lambda: b"Hello from a" in b"".join(chunks), 30, "the first piece, shown by log -f")
+            shown = Output(follower.stdout)  # read as written: the piece shown so far ends no line
+            shown.wait("Hello from a", 30)  # the first piece, shown by log -f
             follower.send_signal(signal.SIGINT)
             follower.wait(10)
-            reader.join(10)
-            out = b"".join(chunks).decode()
+            shown.thread.join(10)
+            out = shown.text
             assert follower.returncode == 0 and "Aborted" not in out
             assert "pieces." not in out  # streamed so far, and only that
         finally:

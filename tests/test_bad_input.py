@@ -1,35 +1,23 @@
-"""The bad inputs that used to take the runner down, one by one: each is now reported once, by name,
-and the healthy sessions go on."""
+"""Bad input a person writes (goal files, session.yaml, mail, limits, alias and session names, harness links,
+script paths): each is reported once, by name, and the healthy sessions go on."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
-from conftest import configure, run_once
+from conftest import by_name, cli, configure, run_once
 
 from primefs.store import mail
 from primefs.errors import PrimefsError
 from primefs.store.goals import write_goal
 from primefs.harness.entries import Harness
-from primefs.store.session import list_sessions
 from primefs.store.workspace import Workspace
 
 
 def scripted(ws):
     (ws.root / "s.yaml").write_text("default:\n" + "  - text: fine\n" * 20)
     return configure(ws, model="scripted/s.yaml")
-
-
-def cli(ws, *args):
-    return subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), *args], capture_output=True,
-                          text=True, timeout=120)
-
-
-def by_name(ws):
-    return {s.name: s for s in list_sessions(ws.sessions)}
 
 
 def test_bad_goal_files_are_reported_once_and_healthy_goals_run(ws):

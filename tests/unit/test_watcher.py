@@ -1,4 +1,5 @@
-"""runner/watcher.py: what a changed path means to the runner (a unit test: no runner, no watch)."""
+"""runner/watcher.py: what a changed path means to the runner. Real: a workspace (its paths) and meaning();
+no runner, no file watch: the paths are given, not seen changing."""
 from __future__ import annotations
 
 from primefs.runner.liverequests import requests_dir

@@ -1,4 +1,5 @@
-"""runner/workers.py: threads kept for reuse by turns and model calls."""
+"""runner/workers.py: threads kept for reuse by turns and model calls. Real: the pool and its threads; the jobs
+are the test's own functions (one that hangs stands for a model server that does)."""
 from __future__ import annotations
 
 import threading

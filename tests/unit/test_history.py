@@ -1,4 +1,5 @@
-"""store/history.py's readers: the same events however a history is read."""
+"""store/history.py's readers: the same events however a history is read. Real: history files the test writes
+(hypothesis makes their lines, torn last lines and garbage too) and the readers; nothing is faked."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
-"""Faults found in review: interrupted waits, half-done mail, broken session files, stops under --once."""
+"""Recovery of interrupted work: waits cut short, mail recorded before a crash, broken session files, stops under
+--once, names beside a broken session."""
 from __future__ import annotations
 
 import json
@@ -7,17 +8,13 @@ import sys
 import threading
 import time
 
-from conftest import configure, run_once, use_server, wait_for
+from conftest import by_name, configure, run_once, use_server, wait_for
 
 from primefs.store import mail
 from primefs.store.control import request_stop
 from primefs.store.goals import write_goal
 from primefs.runner.core import Runner
 from primefs.store.session import list_sessions
-
-
-def by_name(ws):
-    return {s.name: s for s in list_sessions(ws.sessions)}
 
 
 def test_an_interrupted_wait_does_not_take_the_childs_later_result(ws, server):
