@@ -16,10 +16,10 @@ from typing import Callable
 
 from primefs.errors import BudgetExhausted, SessionStopping
 from primefs.index.accounting import own_usage
-from primefs.store.summary import fold_call
 from primefs.runner.bell import Bell
 from primefs.runner.tree import SessionTree
 from primefs.store.settings import BUDGET_KEYS
+from primefs.store.summary import fold_call
 
 
 class GoalControl:

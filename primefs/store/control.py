@@ -177,8 +177,8 @@ def ask_runner(ws, request: dict, timeout: float, *, busy_hint: str = "") -> dic
     rid = f"{time.strftime('%y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
     write_atomic(folder / f"{rid}.json", json.dumps(request), durable=False)
     reply_path = folder / f"{rid}.reply"
-    deadline = last_check = time.monotonic()
-    deadline += timeout
+    last_check = time.monotonic()
+    deadline = last_check + timeout
     try:
         while not reply_path.exists():
             now = time.monotonic()

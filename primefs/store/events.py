@@ -296,11 +296,13 @@ def problem(type: str, fields: dict) -> str | None:
     for name, value in fields.items():
         if name in declared:
             hint = declared[name][0]
+            wrong = not fits(value, hint)
         elif name in COMMON:
-            hint = COMMON[name][0][0] | None
+            hint = COMMON[name][0]
+            wrong = isinstance(value, bool) or not isinstance(value, hint)
         else:
             return f"event {type!r}: field {name!r} is not declared in primefs/store/events.py"
-        if not fits(value, hint):
+        if wrong:
             return f"event {type!r}: field {name!r} is {value!r}, not {hint}"
     missing = [f for f, (_, required, _) in declared.items() if required and f not in fields]
     return f"event {type!r}: missing {', '.join(missing)}" if missing else None
