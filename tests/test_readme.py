@@ -20,6 +20,13 @@ rules:
     replies:
       - code: "import os\\nnames = sorted(os.listdir('/usr/share'))\\nprint(len(names), 'entries')"
       - text: "The three largest files are a, b and c."
+  - match: "How many lines"
+    replies:
+      - code: "print(len(context.splitlines()))"
+      - text: "It has many lines."
+  - match: "What is 2"
+    replies:
+      - text: "1267650600228229401496703205376"
 """
 
 
@@ -59,6 +66,12 @@ def test_the_use_section_runs_as_written(tmp_path):
     assert len(re.findall(r"^\d+ entries$", out, re.MULTILINE)) == 2
     assert re.search(r"largest\s+idle \(answered\).*The three largest files", out)  # status
     assert re.search(r"^ tree\s+2\s", out, re.MULTILINE)  # usage: 2 calls
+    python = use_blocks()[2]  # the Python example, in the workspace the first block made
+    proc = subprocess.run([sys.executable, "-c", python], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert re.fullmatch(r"It has many lines\. \d+ \d{6}-\d{9}-\w{3}", first), first
+    assert second == "1267650600228229401496703205376"
 
 
 def test_every_command_of_the_second_block_exists():

@@ -24,7 +24,7 @@ from primefs.errors import PrimefsError
 from primefs.index.db import find_session, session_names
 from primefs.store.control import runner_state
 from primefs.store.history import HistoryReader
-from primefs.store.livefeed import StreamTail, stream_path
+from primefs.store.livefeed import Feed
 from primefs.store.session import Session
 from primefs.views.console import err, out
 from primefs.views.events import EventPrinter, print_events
@@ -43,18 +43,15 @@ def follow(session: Session, console: Console, stop_event: threading.Event | Non
     (when `header`). New sessions appearing in events (spawns) get their names looked up again.
     Ctrl-C propagates as KeyboardInterrupt. Returns the number of events printed.
     """
-    reader = HistoryReader(session.dir / "history.jsonl")
     from primefs.store.workspace import Workspace
 
-    stream = StreamTail(stream_path(Workspace(session.dir.parent.parent).runtime, session.id))
+    feed = Feed(session.dir, Workspace(session.dir.parent.parent).runtime, from_start)
     printer = EventPrinter(console, dict(names) if names is not None else session_names(session.dir.parent))
-    if from_start:
-        events = reader.read()
-        if last is not None:
-            events = events[-last:] if last > 0 else []
-    else:
-        reader.seek_end()
-        events = []
+    events = feed.read()
+    if from_start and last is not None:  # the last N events; a reply streaming now is shown still
+        delta = [e for e in events[-1:] if e["type"] == "delta"]
+        events = events[:len(events) - len(delta)]
+        events = (events[-last:] if last > 0 else []) + delta
     if header:
         printer.header(session)
     printed = 0
@@ -64,15 +61,12 @@ def follow(session: Session, console: Console, stop_event: threading.Event | Non
         if any(e.get("type") in ("spawn", "sent", "message") for e in events):
             printer.names = session_names(session.dir.parent)
         printer.events(events)
-        printed += len(events)
-        text = stream.read()  # after the history: a reply streaming now comes after the events before it
-        if text:
-            printer.event({"type": "delta", "ts": time.time(), "text": text})
+        printed += sum(e["type"] != "delta" for e in events)
 
     show(events)
     while not (stop_event.wait(poll) if stop_event is not None else time.sleep(poll)):
-        show(reader.read())
-    show(reader.read())  # last look: events written just before the stop
+        show(feed.read())
+    show(feed.read())  # last look: events written just before the stop
     printer.end_line()
     return printed
 

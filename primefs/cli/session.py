@@ -8,34 +8,16 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 
 import click
 
 from primefs.cli.options import emit, json_option, workspace, ws_option
 from primefs.errors import PrimefsError
 from primefs.index.db import find_session
-from primefs.runner.intake import REJECTED
-from primefs.store.fsutil import read_json_dict
 from primefs.store.session import Session
-from primefs.store.settings import FINISHED
 from primefs.views.console import err
 
-
-class TimedOut(PrimefsError):
-    """--timeout passed before there was anything to wait for."""
 FAILED_EXIT, TIMEOUT_EXIT = 3, 124
-
-
-def ended(s: Session) -> bool:
-    """The session has stopped working for now: a turn ended and no mail waits to start another."""
-    from primefs.store.mail import new_files
-
-    try:
-        status = s.reload().get("status")
-    except (PrimefsError, OSError):
-        return False
-    return status in FINISHED and not (status in ("idle", "done") and new_files(s.mail))
 
 
 def outcome(s: Session) -> dict:
@@ -60,17 +42,6 @@ def finish(ctx, s: Session, as_json: bool) -> None:
     ctx.exit(FAILED_EXIT if failed else 0)
 
 
-def wait_until_ended(s: Session, timeout: float | None, stop: threading.Event | None = None) -> bool:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not ended(s):
-        if stop is not None and stop.is_set():
-            return ended(s)
-        if deadline is not None and time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 timeout_option = click.option("--timeout", type=click.FloatRange(min=0), metavar="S",
                               help="Give up after S seconds (exit code 124); default: wait as long as it takes.")
 
@@ -84,26 +55,34 @@ timeout_option = click.option("--timeout", type=click.FloatRange(min=0), metavar
 def wait(ctx, session, timeout, as_json):
     """Wait until SESSION (id or name) has ended its work (idle, done, failed or stopped, with no mail
     waiting), then print its result. Exit code: 0 ended well, 3 failed or stopped, 124 timed out."""
+    from primefs.api import Workspace
+    from primefs.errors import Timeout
     from primefs.store.control import lock_held
 
     ws = workspace(ctx)
     started = time.monotonic()
     try:
-        s = find_session(ws.sessions, session)
+        handle = Workspace(ws.root).session(session)
     except PrimefsError:  # `primefs goal --name X && primefs wait X`: its goal may not be taken yet
         goal = _waiting_goal(ws, session)
         if goal is None:
             raise
         if not lock_held(ws):
             err().print(f"note: no runner is running: {goal} waits for one (primefs up)", markup=False)
-        s = _or_timed_out(ctx, lambda: _session_of(ws, goal, "", timeout))
-    if not ended(s) and not lock_held(ws):
+        try:
+            handle = Workspace(ws.root).taken(goal, timeout=timeout, run=False)
+        except Timeout as exc:
+            err().print(f"error: {exc}", markup=False)
+            ctx.exit(TIMEOUT_EXIT)
+    if not handle.ended and not lock_held(ws):
         err().print("note: no runner is running: waiting for one to start (primefs up)", markup=False)
     left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-    if not wait_until_ended(s, left):
-        err().print(f"error: {s.name} is still {s.status} after {timeout:g} s", markup=False)
+    try:
+        handle.wait(left, run=False)
+    except Timeout:
+        err().print(f"error: {handle.name} is still {handle.status} after {timeout:g} s", markup=False)
         ctx.exit(TIMEOUT_EXIT)
-    finish(ctx, s, as_json)
+    finish(ctx, handle.session, as_json)
 
 
 @click.command()
@@ -138,45 +117,42 @@ def ask(ctx, text, model, context, verbose, timeout, as_json):
     answer is there (other goals it picks up meanwhile go on at the next runner start).
     Exit code: 0 answered, 3 failed or stopped, 124 timed out.
     """
+    from pathlib import Path
+
+    from primefs.api import Workspace
+    from primefs.errors import Timeout
     from primefs.store.control import lock_held
-    from primefs.store.goals import write_goal
 
     ws = workspace(ctx)
     if text == "-":
         text = sys.stdin.read()
-    started = datetime.now(timezone.utc)
-    path = write_goal(ws, text, model=model, name=f"ask-{started:%Y%m%d-%H%M%S}-{started.microsecond // 1000:03d}",
-                      context=list(context))
-    rel = path.relative_to(ws.root).as_posix()
-    if lock_held(ws):
-        s = _or_timed_out(ctx, lambda: _session_of(ws, rel, f"{started:%y%m%d-%H%M%S}", timeout))
-        stop = threading.Event()
-        if verbose:
-            from primefs.cli.live import follow
-
-            threading.Thread(target=follow, args=(s, err(), stop),
-                             kwargs={"header": False}, daemon=True).start()
-        done = wait_until_ended(s, timeout)
-        stop.set()
-        if not done:
-            err().print(f"error: no answer within {timeout:g} s ({s.name} goes on under the runner: primefs wait "
-                      f"{s.id})", markup=False)
-            ctx.exit(TIMEOUT_EXIT)
-    else:
-        s, done = _ask_here(ws, rel, f"{started:%y%m%d-%H%M%S}", timeout, verbose)
-        if not done:  # the runner of this process stopped with it: the turn is cut off, not going on
-            err().print(f"error: no answer within {timeout:g} s: {s.name}'s turn was cut off; it goes on when a runner "
-                      f"starts (primefs up), and primefs wait {s.id} then waits for it", markup=False)
-            ctx.exit(TIMEOUT_EXIT)
-    finish(ctx, s, as_json)
-
-
-def _or_timed_out(ctx, find) -> Session:
+    resident = lock_held(ws)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return find()
-    except TimedOut as exc:
+        handle = Workspace(ws.root).submit(text, model=model, context=[Path(c) for c in context] or None,
+                                           timeout=timeout)
+    except Timeout as exc:
         err().print(f"error: {exc}", markup=False)
         ctx.exit(TIMEOUT_EXIT)
+    stop = threading.Event()
+    if verbose:
+        from primefs.cli.live import follow
+
+        threading.Thread(target=follow, args=(handle.session, err(), stop), kwargs={"header": False},
+                         daemon=True).start()
+    try:
+        handle.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except Timeout:
+        if resident:
+            err().print(f"error: no answer within {timeout:g} s ({handle.name} goes on under the runner: "
+                        f"primefs wait {handle.id})", markup=False)
+        else:  # the runner of this process stops with it: the turn is cut off, not going on
+            err().print(f"error: no answer within {timeout:g} s: {handle.name}'s turn was cut off; it goes on when "
+                        f"a runner starts (primefs up), and primefs wait {handle.id} then waits for it", markup=False)
+        ctx.exit(TIMEOUT_EXIT)
+    finally:
+        stop.set()
+    finish(ctx, handle.session, as_json)
 
 
 def _waiting_goal(ws, name: str) -> str | None:
@@ -191,88 +167,6 @@ def _waiting_goal(ws, name: str) -> str | None:
         except PrimefsError:
             continue
     return None
-
-
-def _session_of(ws, goal: str, since: str, timeout: float | None, alive=lambda: True) -> Session:
-    """The session a runner made for `goal` (created after `since`, an id prefix)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    seen: set[str] = set()
-    while True:
-        try:
-            names = [n for n in ws.sessions.iterdir() if n.name >= since and n.name not in seen]
-        except FileNotFoundError:
-            names = []
-        for d in sorted(names):
-            s = Session(d)
-            try:
-                if s.meta.get("goal") == goal:
-                    return s
-                seen.add(d.name)
-            except (PrimefsError, OSError):
-                continue  # being written: looked at again
-        refused = read_json_dict(ws.state / REJECTED).get(goal)
-        if isinstance(refused, dict):
-            raise PrimefsError(f"the runner rejected the goal: {refused.get('error')}")
-        if not alive():
-            raise PrimefsError(f"no runner took {goal} (see primefs status)")
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimedOut(f"no runner took {goal} within {timeout:g} s (see primefs status)")
-        time.sleep(0.1)
-
-
-def _ask_here(ws, goal: str, since: str, timeout: float | None, verbose: bool) -> tuple[Session, bool]:
-    """No runner is up: run one in this process until the goal's session has ended."""
-    from primefs.runner.core import Runner
-    from primefs.store import livefeed
-    from primefs.views.events import Narrator
-
-    narrator = Narrator(err(), ws.sessions) if verbose else None
-    problems: list[str] = []
-
-    def log(msg: str) -> None:
-        if msg.startswith(("error", "goal error", "warning")):
-            problems.append(msg)
-            if narrator:
-                narrator.say(msg)
-
-    runner = Runner(ws, log=log)
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            runner.run(once=True)
-        except BaseException as exc:  # noqa: BLE001 - reported by the waiting thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="primefs-ask-runner", daemon=True)
-    if narrator:
-        livefeed.listen(narrator)
-    thread.start()
-    try:
-        s = _session_of(ws, goal, since, timeout, alive=thread.is_alive)
-        done = wait_until_ended(s, timeout, stop=_Ended(thread))
-    except PrimefsError:
-        if failure:
-            raise failure[0] from None
-        for p in problems:
-            err().print(p, markup=False, soft_wrap=True)
-        raise
-    finally:
-        runner.stop()
-        thread.join()
-        if narrator:
-            livefeed.unlisten(narrator)
-    return s, done
-
-
-class _Ended:
-    """An Event-like view of a thread: set once it has ended."""
-
-    def __init__(self, thread: threading.Thread):
-        self.thread = thread
-
-    def is_set(self) -> bool:
-        return not self.thread.is_alive()
 
 
 @click.command("exec")

@@ -138,6 +138,7 @@ class Runner:
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
+        self.recovered = threading.Event()  # set once run() knows what is taken: file events may be acted on
 
     def _configure(self) -> None:
         """Settings from primefs.yaml (again after it changed: Intake.check_config)."""
@@ -187,6 +188,7 @@ class Runner:
             if not once:  # a runner that keeps running: from its configuration alone, as early as can be
                 self.guarded("a warm-up", self._warm_up, False)
             self.recover()
+            self.recovered.set()
             if once:  # what --once will call: its waiting goals and sessions (known after recover)
                 self.guarded("a warm-up", self._warm_up, True)
             self.guarded("heartbeats", self.intake.tick_heartbeats)  # ticks missed meanwhile: one message each

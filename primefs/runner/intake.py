@@ -110,9 +110,10 @@ class Intake:
         extra = dict(goal.control)
         if goal.limits:
             extra["limits"] = goal.limits
+        files = {"context" + Path(goal.data).suffix: self.ws.root / goal.data} if goal.data else None
         try:
             session = create_session(self.ws.sessions, task=goal.task, name=goal.name, model=goal.model,
-                                     goal=rel, context=goal.context, extra=extra)
+                                     goal=rel, context=goal.context, extra=extra, files=files)
         except (OSError, ValueError) as exc:
             self.log(f"goal error: {rel}: cannot start a session: {exc}")
             return

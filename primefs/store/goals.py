@@ -8,7 +8,7 @@ from pathlib import Path
 
 from primefs.errors import PrimefsError
 from primefs.store import frontmatter
-from primefs.store.fsutil import check_name, write_new
+from primefs.store.fsutil import check_name, write_atomic, write_new
 from primefs.store.heartbeat import from_spec
 from primefs.store.settings import (
     check_budget,
@@ -21,7 +21,7 @@ from primefs.store.settings import (
 from primefs.store.workspace import Workspace
 from primefs.tools.registry import check_selection
 
-GOAL_KEYS = {"model", "name", "context", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
+GOAL_KEYS = {"model", "name", "context", "context_data", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
              "sandbox", "resources"}
 MAX_CONTEXT_FILES = 10_000
 MAX_PATH_CHARS = 4096
@@ -36,6 +36,7 @@ class Goal:
     model: str
     settings: dict
     context: list[str] = field(default_factory=list)
+    data: str | None = None  # `context_data:`: a file whose text (or JSON data, for .json) is `context`
     limits: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
     control: dict = field(default_factory=dict)  # autonomous, budget, end_conditions, heartbeat, tools, resources
@@ -80,6 +81,11 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
         raise PrimefsError(f"{rel}: `name:` must be text, not {kind_of(name)}")
     check_name(name, f"goal name in {rel}")
     context = _goal_context(ws, meta, rel)
+    data = meta.get("context_data")
+    if data is not None:
+        if not isinstance(data, str) or context:
+            raise PrimefsError(f"{rel}: `context_data:` must be one file path, and not given with `context:`")
+        data = check_context_path(ws, data, rel)
     limits = check_limits(meta.get("limits") or {}, rel)
     control = _goal_control(ws, meta, rel, conditions)
     if meta.get("model") is not None and not isinstance(meta["model"], str):
@@ -90,7 +96,7 @@ def parse_goal(ws: Workspace, path: Path, conditions: dict | None = None) -> Goa
     except PrimefsError as exc:
         raise PrimefsError(f"{rel}: {exc}") from None
     return Goal(path=path, rel=rel, name=name, task=task, model=model, settings=settings,
-                context=context, limits=dict(limits), meta=dict(meta), control=control)
+                context=context, data=data, limits=dict(limits), meta=dict(meta), control=control)
 
 
 def _goal_context(ws: Workspace, meta: dict, rel: str) -> list[str]:
@@ -161,11 +167,19 @@ def _slug(text: str) -> str:
     return "-".join(words) or "goal"
 
 
+DATA_DIR = ".data"  # goals/.data/: the values programs hand a goal as its context (goal_listing skips it)
+
+
 def write_goal(ws: Workspace, text: str, *, model: str | None = None, name: str | None = None,
-               context: list[str] | None = None, extra: dict | None = None) -> Path:
-    """`primefs goal`: validate, then write goals/<name>.md atomically (the runner never sees half a goal)."""
+               context: list[str] | None = None, data=None, extra: dict | None = None) -> Path:
+    """`primefs goal`: validate, then write goals/<name>.md atomically (the runner never sees half a goal).
+
+    `data`: a value to be the session's `context` (str, or JSON-able data), written once, before the goal,
+    to goals/.data/ and named by its `context_data:`; the runner copies it into the session's folder."""
     if not text.strip():
         raise PrimefsError("the goal text is empty")
+    if data is not None and context:
+        raise PrimefsError("give the context as files or as a value, not both")
     if name:
         check_name(name, "goal name")
     if model:
@@ -188,6 +202,8 @@ def write_goal(ws: Workspace, text: str, *, model: str | None = None, name: str 
         meta["model"] = model
     if rels:
         meta["context"] = rels
+    if data is not None:
+        meta["context_data"] = _write_data(ws, data)
     meta.update(extra or {})
     stem = name or f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{_slug(text)}"
     ws.goals.mkdir(exist_ok=True)
@@ -199,3 +215,22 @@ def write_goal(ws: Workspace, text: str, *, model: str | None = None, name: str 
             break
         i += 1
     return path
+
+
+def _write_data(ws: Workspace, data) -> str:
+    """A goal's context value as a file of goals/.data/ (str -> .txt, data -> .json); its workspace path."""
+    import json
+    import secrets
+
+    if isinstance(data, str):
+        text, suffix = data, ".txt"
+    else:
+        try:
+            text, suffix = json.dumps(data, ensure_ascii=False), ".json"
+        except (TypeError, ValueError) as exc:
+            raise PrimefsError(f"the context must be text, JSON-able data or file paths: {exc}") from None
+    folder = ws.goals / DATA_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}{suffix}"
+    write_atomic(path, text)  # durable before the goal names it
+    return path.relative_to(ws.root).as_posix()

@@ -82,6 +82,27 @@ class ReplyStream:
                     pass
 
 
+class Feed:
+    """One session's work read from its files, by any process: each `read()` gives the history events
+    appended since, then the text streamed since as a `delta` event (the reply being written now: its
+    `assistant` event, when it comes, holds the whole text)."""
+
+    def __init__(self, session_dir: Path, runtime: Path, from_start: bool = True):
+        from primefs.store.history import HistoryReader
+
+        self.history = HistoryReader(Path(session_dir) / "history.jsonl")
+        if not from_start:
+            self.history.seek_end()
+        self.stream = StreamTail(stream_path(runtime, Path(session_dir).name))
+
+    def read(self) -> list[dict]:
+        events = self.history.read()
+        text = self.stream.read()  # after the history: a reply streaming now comes after the events before it
+        if text:
+            events.append({"type": "delta", "ts": time.time(), "text": text})
+        return events
+
+
 class StreamTail:
     """Reads a session's streamed reply from another process: the new text since the last read. Each
     call's file starts with a line of its own (a time in ns): another first line is another call, read

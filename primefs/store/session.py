@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import threading
 import time
 from datetime import datetime, timezone
@@ -121,7 +122,7 @@ class Session:
 
 def create_session(sessions_dir: Path, *, task: str, name: str | None, model: str, parent: str | None = None,
                    depth: int = 0, goal: str | None = None, context: list[str] | None = None,
-                   extra: dict | None = None, files: dict[str, str] | None = None) -> Session:
+                   extra: dict | None = None, files: dict[str, str | Path] | None = None) -> Session:
     """session.yaml is written last and atomically: a folder without it is an unfinished (ignored) session.
 
     (Not a temp folder renamed into place: recursive inotify watches would keep the old name.)
@@ -141,8 +142,11 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
     meta = {"id": sid, "name": name or sid, "parent": parent, "depth": depth, "status": "pending",
             "model": model, "goal": goal, "context": list(context or []), "created": now, "updated": now}
     meta.update(json.loads(json.dumps(extra or {}, default=str)))  # plain data: ruamel types can't be dumped safe
-    for fname, text in (files or {}).items():  # a parent's context value: data as files, never prompt text
-        write_atomic(final / fname, text, durable=False)
+    for fname, text in (files or {}).items():  # a context value: data as files, never prompt text
+        if isinstance(text, Path):  # a goal's context_data file: copied (the kernel may write its own folder)
+            shutil.copyfile(text, final / fname)
+        else:
+            write_atomic(final / fname, text, durable=False)
         meta["context_data"] = f"{sessions_dir.name}/{sid}/{fname}"
     write_atomic(final / "task.md", task, durable=False)
     (final / "history.jsonl").touch()

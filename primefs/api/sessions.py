@@ -1,0 +1,199 @@
+"""A session seen from a program: `SessionHandle` (wait, events, send, stop, usage) and `Result`.
+
+Everything here reads the session's files or writes the files a person would (mail, a stop request);
+the runner doing the work may be in this process (api/local.py) or any other.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+from primefs.api import local
+from primefs.errors import BudgetExceeded, PrimefsError, SessionFailed, Timeout
+from primefs.store.mail import new_files
+from primefs.store.session import Session
+from primefs.store.settings import FINISHED
+from primefs.store.workspace import Workspace
+
+POLL_S = 0.05  # how often a wait looks at session.yaml (a stat; it is read again only when it changed)
+
+
+@dataclass(frozen=True)
+class Result:
+    """How a session's work ended: its answer (result.md, None if its last turn gave none), status and
+    stop reason, and the exact usage of its whole tree (it and every session it started)."""
+
+    answer: str | None
+    status: str
+    stop_reason: str | None
+    usage: dict = field(repr=False)
+    session_id: str = ""
+    name: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The session was not failed or stopped (an answer may still be None: e.g. `max_steps`)."""
+        return self.status not in ("failed", "stopped")
+
+
+def ended(s: Session) -> bool:
+    """The session has stopped working for now: a turn ended and no mail waits to start another."""
+    try:
+        status = s.reload().get("status")
+    except (PrimefsError, OSError):
+        return False
+    return status in FINISHED and not (status in ("idle", "done") and new_files(s.mail))
+
+
+def tree_usage(ws: Workspace, sid: str) -> dict:
+    from primefs.index.accounting import UsageIndex
+
+    return UsageIndex(ws.sessions, root=sid).tree(sid)
+
+
+class SessionHandle:
+    """One session of a workspace. Status, result and usage are read fresh from its files each time."""
+
+    def __init__(self, ws: Workspace, session: Session):
+        self._ws, self._session = ws, session
+
+    def __repr__(self) -> str:
+        return f"SessionHandle(id={self.id!r}, name={self.name!r}, status={self.status!r})"
+
+    @property
+    def id(self) -> str:
+        return self._session.id
+
+    @property
+    def name(self) -> str:
+        return self._session.name
+
+    @property
+    def path(self):
+        """The session's folder: session.yaml, history.jsonl, result.md, mail/ (docs/workspace.md)."""
+        return self._session.dir
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @property
+    def status(self) -> str:
+        return self._session.reload().get("status") or "pending"
+
+    @property
+    def answer(self) -> str | None:
+        """result.md: the answer of its last turn that gave one (None: none yet)."""
+        return self._session.read_result()
+
+    @property
+    def result(self) -> Result:
+        """Where the session stands now, as a Result (it may still be working: see `ended`)."""
+        m = self._session.reload()
+        return Result(answer=self._session.read_result(), status=m.get("status") or "pending",
+                      stop_reason=m.get("stop_reason"), usage=self.usage(), session_id=self.id,
+                      name=m.get("name") or self.id, error=m.get("error"))
+
+    @property
+    def ended(self) -> bool:
+        return ended(self._session)
+
+    def usage(self, tree: bool = True) -> dict:
+        """Calls, tokens, cost and time of its model calls: of its whole tree (default), or its own."""
+        if tree:
+            return tree_usage(self._ws, self.id)
+        from primefs.index.accounting import own_usage
+
+        return own_usage(self._session)
+
+    # -- waiting ----------------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None, *, run: bool = True) -> Result:
+        """Wait until it has ended its work (idle, done, failed or stopped, no mail waiting); its Result.
+        Raises Timeout after `timeout` seconds (it goes on). `run`: with no runner up, this process runs
+        one (else it waits for one to start)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ended(self._session):
+            if deadline is not None and time.monotonic() > deadline:
+                raise Timeout(f"{self.name} is still {self.status} after {timeout:g} s", handle=self)
+            if run:
+                self._keep_going()
+            time.sleep(POLL_S)
+        return self.result
+
+    def _keep_going(self) -> None:
+        """A runner must be up for the work to go on: this process's, if no other is."""
+        local.ensure(self._ws)
+
+    def events(self, *, from_start: bool = True, timeout: float | None = None) -> Iterator[dict]:
+        """Its history events as they are appended (from the first, or from now), with `{"type": "delta",
+        "text": ...}` events carrying a model reply as it streams, until the session has ended its work.
+        The event types are docs/workspace.md's. Raises Timeout after `timeout` seconds."""
+        from primefs.store.livefeed import Feed
+
+        feed = Feed(self.path, self._ws.runtime, from_start)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            done = ended(self._session)  # looked at first: what was written before the end is read after
+            yield from feed.read()
+            if done:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise Timeout(f"{self.name} is still {self.status} after {timeout:g} s", handle=self)
+            self._keep_going()
+            time.sleep(POLL_S)
+
+    # -- acting on it -----------------------------------------------------------------------------
+    def send(self, text: str) -> str:
+        """Mail it a message (as the user): an idle or finished session takes a new turn. Returns the
+        message id. A stopped session takes no more turns (the message stays in its mailbox)."""
+        from primefs.store.fsutil import ring
+        from primefs.store.mail import deliver
+
+        if not isinstance(text, str) or not text.strip():
+            raise PrimefsError("the message is empty")
+        msg = deliver(self._session.mail, sender="user", to=self.id, kind="user", text=text)
+        ring(self.path)
+        local.look(self._ws, self.path)
+        return msg.id
+
+    def stop(self, tree: bool = False) -> None:
+        """Stop it (and every descendant, with `tree`): a running cell is interrupted, no more turns."""
+        from primefs.store.control import request_stop
+
+        targets = [self.id]
+        if tree:
+            from primefs.index.db import descendants
+
+            targets += descendants(self._ws, self.id)
+        request_stop(self._ws, targets)
+        for sid in targets:
+            local.look(self._ws, self._ws.sessions / sid)
+
+    # -- async twins: the blocking calls run in a worker thread (safe in a notebook's running loop) ---
+    async def await_result(self, timeout: float | None = None) -> Result:
+        """`wait()` without blocking the event loop."""
+        return await asyncio.to_thread(self.wait, timeout)
+
+    async def aevents(self, *, from_start: bool = True, timeout: float | None = None) -> AsyncIterator[dict]:
+        """`events()` as an async iterator."""
+        it = self.events(from_start=from_start, timeout=timeout)
+        end = object()
+        while True:
+            event = await asyncio.to_thread(next, it, end)
+            if event is end:
+                return
+            yield event
+
+
+def check_ended(result: Result) -> Result:
+    """`ask()`'s rule: a failed or stopped session is an exception, naming why (a budget: BudgetExceeded)."""
+    if result.ok:
+        return result
+    why = f" ({result.stop_reason})" if result.stop_reason else ""
+    message = f"{result.name} is {result.status}{why}" + (f": {result.error}" if result.error else "")
+    if (result.stop_reason or "").startswith("budget:"):
+        raise BudgetExceeded(message, result)
+    raise SessionFailed(message, result)
