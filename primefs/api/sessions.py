@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 from primefs.api import local
 from primefs.errors import BudgetExceeded, PrimefsError, SessionFailed, Timeout
-from primefs.store.mail import new_files
+from primefs.store.history import latest_events
+from primefs.store.mail import new_files, unacked
 from primefs.store.session import Session
 from primefs.store.settings import FINISHED
 from primefs.store.workspace import Workspace
 
-POLL_S = 0.05  # how often a wait looks at session.yaml (a stat; it is read again only when it changed)
+POLL_S = 0.01  # how often a wait looks at session.yaml (a stat; it is read again only when it changed)
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,32 @@ class Result:
         return self.status not in ("failed", "stopped")
 
 
+MARKERS = ("turn_end", "turn_start", "message", "task")  # where a session's work stands, newest first
+
+
 def ended(s: Session) -> bool:
-    """The session has stopped working for now: a turn ended and no mail waits to start another."""
+    """The session has stopped working for now: its turn has ended (`turn_end` written: the status is set
+    just before it, and end conditions run between the two) and no mail waits to start another. Mail is
+    taken before the next turn's status is set: until then it is new, claimed (unacked) or, acknowledged,
+    a `message` event after the `turn_end`. A turn a stopped runner cut off between the two counts as
+    ended once the runner up now (if any) started after it: that one leaves an idle session as it is."""
     try:
         status = s.reload().get("status")
     except (PrimefsError, OSError):
         return False
-    return status in FINISHED and not (status in ("idle", "done") and new_files(s.mail))
+    if status not in FINISHED:
+        return False
+    if status not in ("idle", "done"):
+        return True
+    if new_files(s.mail) or unacked(s.mail):
+        return False
+    marker = next((e for e in latest_events(s.dir / "history.jsonl") if e.get("type") in MARKERS), None)
+    if marker is None or marker["type"] == "turn_end":
+        return True
+    from primefs.store.control import runner_state
+
+    runner = runner_state(Workspace(s.dir.parent.parent))
+    return not runner["running"] or (runner["started"] or 0) > (marker.get("ts") or 0)
 
 
 def tree_usage(ws: Workspace, sid: str) -> dict:
@@ -109,41 +129,60 @@ class SessionHandle:
 
         return own_usage(self._session)
 
-    # -- waiting ----------------------------------------------------------------------------------
+    # -- waiting: each wait is a generator that yields while there is nothing yet (drive, adrive) ----------
     def wait(self, timeout: float | None = None, *, run: bool = True) -> Result:
         """Wait until it has ended its work (idle, done, failed or stopped, no mail waiting); its Result.
         Raises Timeout after `timeout` seconds (it goes on). `run`: with no runner up, this process runs
         one (else it waits for one to start)."""
+        return drive(self._waiting(timeout, run))
+
+    async def await_result(self, timeout: float | None = None, *, run: bool = True) -> Result:
+        """`wait()` as a coroutine: it never blocks the event loop."""
+        return await adrive(self._waiting(timeout, run))
+
+    def _waiting(self, timeout: float | None, run: bool):
         deadline = None if timeout is None else time.monotonic() + timeout
         while not ended(self._session):
             if deadline is not None and time.monotonic() > deadline:
                 raise Timeout(f"{self.name} is still {self.status} after {timeout:g} s", handle=self)
             if run:
-                self._keep_going()
-            time.sleep(POLL_S)
+                local.ensure(self._ws)  # the work goes on only with a runner up: this process's, if no other is
+            yield
         return self.result
-
-    def _keep_going(self) -> None:
-        """A runner must be up for the work to go on: this process's, if no other is."""
-        local.ensure(self._ws)
 
     def events(self, *, from_start: bool = True, timeout: float | None = None) -> Iterator[dict]:
         """Its history events as they are appended (from the first, or from now), with `{"type": "delta",
         "text": ...}` events carrying a model reply as it streams, until the session has ended its work.
         The event types are docs/workspace.md's. Raises Timeout after `timeout` seconds."""
+        for batch in self._batches(from_start, timeout):
+            if batch:
+                yield from batch
+            else:
+                time.sleep(POLL_S)
+
+    async def aevents(self, *, from_start: bool = True, timeout: float | None = None) -> AsyncIterator[dict]:
+        """`events()` as an async iterator: it never blocks the event loop."""
+        for batch in self._batches(from_start, timeout):
+            if batch:
+                for event in batch:
+                    yield event
+            else:
+                await asyncio.sleep(POLL_S)
+
+    def _batches(self, from_start: bool, timeout: float | None) -> Iterator[list[dict]]:
+        """The events appended since the last look (an empty list: nothing yet), until it has ended."""
         from primefs.store.livefeed import Feed
 
         feed = Feed(self.path, self._ws.runtime, from_start)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             done = ended(self._session)  # looked at first: what was written before the end is read after
-            yield from feed.read()
+            yield feed.read()
             if done:
                 return
             if deadline is not None and time.monotonic() > deadline:
                 raise Timeout(f"{self.name} is still {self.status} after {timeout:g} s", handle=self)
-            self._keep_going()
-            time.sleep(POLL_S)
+            local.ensure(self._ws)
 
     # -- acting on it -----------------------------------------------------------------------------
     def send(self, text: str) -> str:
@@ -159,9 +198,10 @@ class SessionHandle:
         local.look(self._ws, self.path)
         return msg.id
 
-    def stop(self, tree: bool = False) -> None:
-        """Stop it (and every descendant, with `tree`): a running cell is interrupted, no more turns."""
-        from primefs.store.control import request_stop
+    def stop(self, tree: bool = False, timeout: float = 30.0) -> None:
+        """Stop it (and every descendant, with `tree`): a running cell is interrupted, no more turns.
+        Returns once the runner has taken the stop (at most `timeout` seconds; it is applied then anyway)."""
+        from primefs.store.control import STOP_FILE, lock_held, request_stop
 
         targets = [self.id]
         if tree:
@@ -171,21 +211,31 @@ class SessionHandle:
         request_stop(self._ws, targets)
         for sid in targets:
             local.look(self._ws, self._ws.sessions / sid)
+        deadline = time.monotonic() + timeout
+        while (any((self._ws.sessions / sid / STOP_FILE).exists() for sid in targets) and lock_held(self._ws)
+               and time.monotonic() < deadline):
+            time.sleep(POLL_S)
 
-    # -- async twins: the blocking calls run in a worker thread (safe in a notebook's running loop) ---
-    async def await_result(self, timeout: float | None = None) -> Result:
-        """`wait()` without blocking the event loop."""
-        return await asyncio.to_thread(self.wait, timeout)
 
-    async def aevents(self, *, from_start: bool = True, timeout: float | None = None) -> AsyncIterator[dict]:
-        """`events()` as an async iterator."""
-        it = self.events(from_start=from_start, timeout=timeout)
-        end = object()
-        while True:
-            event = await asyncio.to_thread(next, it, end)
-            if event is end:
-                return
-            yield event
+
+def drive(waiting):
+    """Run a waiting generator (it yields while there is nothing yet) to its return value."""
+    while True:
+        try:
+            next(waiting)
+        except StopIteration as done:
+            return done.value
+        time.sleep(POLL_S)
+
+
+async def adrive(waiting):
+    """`drive()` in an event loop: the looks are quick file reads, the pauses are `asyncio.sleep`."""
+    while True:
+        try:
+            next(waiting)
+        except StopIteration as done:
+            return done.value
+        await asyncio.sleep(POLL_S)
 
 
 def check_ended(result: Result) -> Result:

@@ -4,19 +4,17 @@ is (the one up, or one in this process): a program's run is a session like any o
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from primefs.api import local
-from primefs.api.sessions import Result, SessionHandle, check_ended
+from primefs.api.sessions import Result, SessionHandle, adrive, check_ended, drive
 from primefs.errors import PrimefsError, Timeout
 from primefs.store import workspace as store
 from primefs.store.session import Session
 
-POLL_S = 0.02  # while a runner takes the goal: a listing of sessions/ made after it
 
 
 class Workspace:
@@ -84,6 +82,15 @@ class Workspace:
             workspace's). budget: {turns, tokens, seconds, cost_usd} for the whole tree. limits: the
             session's limits (max_steps_per_turn, max_depth, ...). timeout: how long to wait for a runner to take it.
         """
+        return drive(self._submitting(task, context, model, budget, name, limits, timeout))
+
+    async def asubmit(self, task: str, *, context=None, model: str | None = None, budget: dict | None = None,
+                      name: str | None = None, limits: dict | None = None,
+                      timeout: float | None = None) -> SessionHandle:
+        """`submit()` as a coroutine: it never blocks the event loop (the goal is one small file write)."""
+        return await adrive(self._submitting(task, context, model, budget, name, limits, timeout))
+
+    def _submitting(self, task, context, model, budget, name, limits, timeout):
         from primefs.store.goals import write_goal
 
         self._check_open()
@@ -103,7 +110,7 @@ class Workspace:
         stem = f"{name}" if name else f"ask-{started:%Y%m%d-%H%M%S}-{started.microsecond // 1000:03d}"
         path = write_goal(self._ws, task, model=model, name=stem, context=files, data=data, extra=extra)
         rel = path.relative_to(self.root).as_posix()
-        return self.taken(rel, since=f"{started:%y%m%d-%H%M%S}", timeout=timeout)
+        return (yield from self._taking(rel, f"{started:%y%m%d-%H%M%S}", timeout, True))
 
     def ask(self, task: str, *, context=None, model: str | None = None, budget: dict | None = None,
             name: str | None = None, limits: dict | None = None, timeout: float | None = None) -> Result:
@@ -117,50 +124,61 @@ class Workspace:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         return check_ended(handle.wait(left))
 
-    async def aask(self, task: str, **kwargs) -> Result:
-        """`ask()` without blocking the event loop (a notebook's, a server's)."""
-        return await asyncio.to_thread(self.ask, task, **kwargs)
-
-    async def asubmit(self, task: str, **kwargs) -> SessionHandle:
-        """`submit()` without blocking the event loop."""
-        return await asyncio.to_thread(self.submit, task, **kwargs)
+    async def aask(self, task: str, *, timeout: float | None = None, **kwargs) -> Result:
+        """`ask()` as a coroutine: it never blocks the event loop (a notebook's, a server's)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        handle = await self.asubmit(task, timeout=timeout, **kwargs)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return check_ended(await handle.await_result(left))
 
     def taken(self, goal: str, *, since: str = "", timeout: float | None = None, run: bool = True) -> SessionHandle:
         """The session a runner made (or makes) of the goal file `goal` (workspace-relative; made after
         `since`, an id prefix). `run`: with no runner up, this process runs one (else it waits for one).
         Raises PrimefsError if the runner rejected the goal, Timeout after `timeout` seconds."""
+        self._check_open()
+        return drive(self._taking(goal, since, timeout, run))
+
+    def _taking(self, goal: str, since: str, timeout: float | None, run: bool):
         from primefs.runner.intake import REJECTED
         from primefs.store.fsutil import read_json_dict
 
-        self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         mine = local.ensure(self._ws) if run else None
         if mine is not None:
             mine.look(self.root / goal)
-        seen: set[str] = set()
+        seen: set[str] = set()  # folders read: another goal's sessions
+        unread: set[str] = set()  # folders made since `since`, not read yet (or without session.yaml yet)
+        listed = None  # sessions/'s mtime at the last listing: a new folder changes it
+        refusals_looked = 0.0
         while True:
             try:
-                names = [n for n in self._ws.sessions.iterdir() if n.name >= since and n.name not in seen]
+                mtime = os.stat(self._ws.sessions).st_mtime_ns
             except FileNotFoundError:
-                names = []
-            for d in sorted(names):
-                s = Session(d)
+                mtime = None
+            if mtime != listed and mtime is not None:
+                listed = mtime
+                unread |= {n for n in os.listdir(self._ws.sessions) if n >= since and n not in seen}
+            for name in sorted(unread):
                 try:
+                    s = Session(self._ws.sessions / name)
                     if s.meta.get("goal") == goal:
                         return SessionHandle(self._ws, s)
-                    seen.add(d.name)
+                    seen.add(name)
+                    unread.discard(name)
                 except (PrimefsError, OSError):
                     continue  # being written: looked at again
-            refused = read_json_dict(self._ws.state / REJECTED).get(goal)
-            if isinstance(refused, dict):
-                raise PrimefsError(f"the runner rejected the goal: {refused.get('error')}")
+            if time.monotonic() - refusals_looked > 0.2:
+                refusals_looked = time.monotonic()
+                refused = read_json_dict(self._ws.state / REJECTED).get(goal)
+                if isinstance(refused, dict):
+                    raise PrimefsError(f"the runner rejected the goal: {refused.get('error')}")
             if deadline is not None and time.monotonic() > deadline:
                 raise Timeout(f"no runner took {goal} within {timeout:g} s (see primefs status)")
             now = local.ensure(self._ws) if run else None
             if now is not None and now is not mine:  # this process's runner ended before taking it: again
                 mine = now
                 mine.look(self.root / goal)
-            time.sleep(POLL_S)
+            yield
 
 
 def _context(context) -> tuple[list[str] | None, object]:

@@ -72,11 +72,13 @@ def access_token(ws, new: bool = False) -> str:
               help="Port to listen on (0: any free port).")
 @click.option("--allow-remote", is_flag=True, help="Allow a --host that is not a loopback address.")
 @click.option("--new-token", is_flag=True, help="Make a new access token: pages opened with the old one are refused.")
+@click.option("--openai", "openai", is_flag=True, help="Also serve an OpenAI-compatible API under /v1 (each chat "
+              "completion a session; docs/openai-endpoint.md).")
 @click.option("--evals", "eval_dirs", multiple=True, type=click.Path(file_okay=False), metavar="DIR",
               help="Also list eval runs under DIR (repeatable; default: eval-runs/ in the workspace and here).")
 @ws_option
 @click.pass_context
-def serve(ctx, host, port, allow_remote, new_token, eval_dirs):
+def serve(ctx, host, port, allow_remote, new_token, openai, eval_dirs):
     """A web view of the workspace: the session tree live, sessions, usage, harness, eval runs.
 
     Prints the page's URL with its access token; Ctrl-C stops. See docs/web.md.
@@ -100,11 +102,13 @@ def serve(ctx, host, port, allow_remote, new_token, eval_dirs):
     port = sock.getsockname()[1]
     token = access_token(ws, new_token)
     app = make_app(ws, token, port=port, allowed_hosts=None if allow_remote else loopback_hosts(host, port),
-                   eval_roots=roots)
+                   eval_roots=roots, openai=openai)
     # read the workspace now, while the URL is being opened: a big one takes seconds the first time
     threading.Thread(target=app.state.pf.index.refresh, kwargs={"force": True}, daemon=True).start()
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"primefs web view of {ws.root}: http://{shown}:{port}/?token={token}", nl=True)
+    if openai:
+        click.echo(f"OpenAI-compatible API: base_url http://{shown}:{port}/v1, api_key {token}", nl=True)
     click.echo("Ctrl-C stops", err=True)
     stopping = app.state.pf.stopping
 

@@ -261,7 +261,8 @@ async def _http_error(request: Request, exc: HTTPException):
     return _message(request, "Refused" if exc.status_code == 403 else "Error", exc.detail, exc.status_code)
 
 
-def make_app(ws, token: str, *, port: int, allowed_hosts: set[str] | None, eval_roots: list[Path]) -> Starlette:
+def make_app(ws, token: str, *, port: int, allowed_hosts: set[str] | None, eval_roots: list[Path],
+             openai: bool = False) -> Starlette:
     routes = [
         Route("/", tree),
         Route("/s/{sid}", session),
@@ -277,7 +278,14 @@ def make_app(ws, token: str, *, port: int, allowed_hosts: set[str] | None, eval_
         Route("/events/s/{sid}", session_events),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
+    if openai:  # the OpenAI-compatible endpoint: each request a session, run through the Python API
+        from primefs.api import Workspace
+        from primefs.web.openai import ROUTES
+
+        routes = ROUTES + routes
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
     app.state.pf = State(ws, token, eval_roots)
+    if openai:
+        app.state.pf.api = Workspace(ws.root)
     app.add_middleware(Guard, token=token, port=port, allowed_hosts=allowed_hosts)
     return app

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.responses import PlainTextResponse, RedirectResponse
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse
 
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -63,8 +63,15 @@ class Guard:
                 message["headers"] = list(message["headers"]) + SECURITY_HEADERS
             await send(message)
 
+        api = scope["path"].startswith("/v1/")  # the OpenAI endpoint: a bearer token only, errors as JSON
         if self.allowed_hosts is not None and headers.get("host", "").lower() not in self.allowed_hosts:
-            return await PlainTextResponse("unknown Host header", 400)(scope, receive, send_secure)
+            return await _refusal(api, 400, "unknown Host header")(scope, receive, send_secure)
+        if api:
+            auth = headers.get("authorization", "")
+            if not self._valid(auth[7:] if auth.lower().startswith("bearer ") else None):
+                return await _refusal(True, 401, "send the token `primefs serve` printed as `Authorization: Bearer "
+                                      "<token>` (the openai client: api_key=<token>)")(scope, receive, send_secure)
+            return await self.app(scope, receive, send_secure)
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = next((v for k, v in query if k == "token"), None)
         if given is not None and self._valid(given) and scope["method"] == "GET":
@@ -79,6 +86,13 @@ class Guard:
             return await PlainTextResponse("primefs: open the URL that `primefs serve` printed (it carries the "
                                            "access token)", 401)(scope, receive, send_secure)
         return await self.app(scope, receive, send_secure)
+
+
+def _refusal(api: bool, status: int, message: str):
+    if api:
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                       "code": "invalid_api_key" if status == 401 else None}}, status)
+    return PlainTextResponse(message, status)
 
 
 def _cookie(header: str, name: str) -> str | None:
