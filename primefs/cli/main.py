@@ -37,7 +37,7 @@ sys.unraisablehook = _quiet_loop_teardown
 
 # Commands that watch until Ctrl-C: for them Ctrl-C is the normal end (exit 0). Not `wait` and `ask`:
 # cut short, they have no answer, and `primefs wait X && next` must not go on.
-WATCHERS = {"run", "log", "tail", "attach", "agents", "serve"}
+WATCHERS = {"run", "log", "tail", "attach", "agents", "serve", "acp"}
 
 
 # Commands defined in the other modules of primefs/cli/: imported only when run (a command pays for its own imports only,
@@ -52,7 +52,7 @@ LAZY = {
     "ask": "session:ask", "wait": "session:wait", "result": "session:result",
     "exec": "session:exec_cmd", "kernel": "session:kernel_cmd",
     "up": "daemon:up", "down": "daemon:down", "runner": "daemon:runner_cmd",
-    "attach": "live:attach", "agents": "agents:agents", "tail": "live:follow_log",
+    "attach": "live:attach", "agents": "agents:agents", "tail": "live:follow_log", "acp": "acp:acp_cmd",
 }
 
 
