@@ -54,6 +54,18 @@ def test_ask_answers_with_its_tree_usage_and_a_context_value_kept_out_of_prompts
     assert (ws.root / goal).is_file() and "context_data:" in (ws.root / goal).read_text()
 
 
+def test_events_carry_a_reply_as_it_streams(ws, api, server):
+    use_server(ws, server, stream=True)
+    server.set_script([{"text": "a streamed answer of several pieces"}])
+    server.stall = 0.5  # the reply pauses after its first piece: it is seen while it streams
+    h = api.submit("anything", model="fake")
+    events = list(h.events())
+    deltas = [e for e in events if e["type"] == "delta"]
+    [reply] = [e for e in events if e["type"] == "assistant"]
+    assert deltas and events.index(deltas[-1]) < events.index(reply)
+    assert "".join(d["text"] for d in deltas) in reply["text"] and h.result.answer == reply["text"]
+
+
 def test_tree_usage_counts_the_children_and_files_are_context(ws, api):
     (ws.root / "notes.txt").write_text("hello world")
     r = api.ask("count the words", context={"text": "hello world"})

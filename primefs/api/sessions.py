@@ -151,30 +151,42 @@ class SessionHandle:
         return self.result
 
     def events(self, *, from_start: bool = True, timeout: float | None = None) -> Iterator[dict]:
-        """Its history events as they are appended (from the first, or from now), with `{"type": "delta",
-        "text": ...}` events carrying a model reply as it streams, until the session has ended its work.
-        The event types are docs/workspace.md's. Raises Timeout after `timeout` seconds."""
-        for batch in self._batches(from_start, timeout):
-            if batch:
-                yield from batch
-            else:
-                time.sleep(POLL_S)
+        """Its history events as they are appended (from the first, or from now: where the file ends when
+        this is called), with `{"type": "delta", "text": ...}` events carrying a model reply as it streams,
+        until the session has ended its work. The event types are docs/workspace.md's. Raises Timeout
+        after `timeout` seconds."""
+        batches = self._batches(from_start, timeout)
 
-    async def aevents(self, *, from_start: bool = True, timeout: float | None = None) -> AsyncIterator[dict]:
+        def each():
+            for batch in batches:
+                if batch:
+                    yield from batch
+                else:
+                    time.sleep(POLL_S)
+        return each()
+
+    def aevents(self, *, from_start: bool = True, timeout: float | None = None) -> AsyncIterator[dict]:
         """`events()` as an async iterator: it never blocks the event loop."""
-        for batch in self._batches(from_start, timeout):
-            if batch:
-                for event in batch:
-                    yield event
-            else:
-                await asyncio.sleep(POLL_S)
+        batches = self._batches(from_start, timeout)
+
+        async def each():
+            for batch in batches:
+                if batch:
+                    for event in batch:
+                        yield event
+                else:
+                    await asyncio.sleep(POLL_S)
+        return each()
 
     def _batches(self, from_start: bool, timeout: float | None) -> Iterator[list[dict]]:
-        """The events appended since the last look (an empty list: nothing yet), until it has ended."""
+        """The events appended since the last look (an empty list: nothing yet), until it has ended. The
+        file is looked at now (`from_start=False`: what comes after this call), not at the first batch."""
         from primefs.store.livefeed import Feed
 
         feed = Feed(self.path, self._ws.runtime, from_start)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._looks(feed, None if timeout is None else time.monotonic() + timeout, timeout)
+
+    def _looks(self, feed, deadline: float | None, timeout: float | None) -> Iterator[list[dict]]:
         while True:
             done = ended(self._session)  # looked at first: what was written before the end is read after
             yield feed.read()
