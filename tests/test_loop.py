@@ -239,3 +239,31 @@ def test_coalesced_turn_commits_name_their_sessions(ws):
     long = subject_for([Mark("x-abc", "n" * 64, "turn 12 interrupted", "goals/" + "g" * 64 + ".md")], [])
     assert len(long) == 72 and long.startswith("turn 12 interrupted: nnn") and long.endswith("...")
     assert subject_for([Mark("x-abc", "demo", "direct call")], []) == "direct call: demo (abc)"
+
+
+def test_a_turn_going_round_in_circles_is_told_then_stopped(ws, server):
+    """The same cell again and again (loop_repeat 4): a notice at the 4th, the stop 2 cells later, saying
+    what repeated; the model saw the notice; an autonomous goal takes no more turns."""
+    ws = use_server(ws, server)
+    server.set_script([{"code": "print('still nothing')"}] * 10 + [{"text": "never"}])
+    write_goal(ws, "Spin", extra={"autonomous": True})
+    run_once(ws)
+    s = only_session(ws)
+    meta = s.reload()
+    assert meta["status"] == "idle" and meta["stop_reason"] == "loop"
+    assert "stopped as a loop: the same cell ran 6 times in a row" in meta["error"]
+    types = [e["type"] for e in s.events()]
+    assert types.count("cell") == 6 and types.count("turn_start") == 1 and s.read_result() is None
+    [notice] = [e for e in s.events("notice")]
+    assert "the same cell ran 4 times in a row" in notice["text"]
+    assert "the same cell ran 4 times in a row" in json.dumps(server.requests[4])  # told before its 5th call
+    assert [e["outcome"] for e in s.events("turn_end")] == ["loop"]
+
+
+def test_loop_limits_are_settings_and_zero_turns_them_off(ws, server):
+    ws = use_server(ws, server, limits={"loop_repeat": 0, "loop_window": 0})
+    server.set_script([{"code": "x = 1"}] * 20 + [{"text": "fine"}])
+    write_goal(ws, "Spin on")
+    run_once(ws)
+    s = only_session(ws)
+    assert s.read_result() == "fine" and not s.events("notice")

@@ -17,6 +17,7 @@ from primefs.providers.models import key_files
 from primefs.runner.bell import Bell
 from primefs.runner.compaction import maybe_compact
 from primefs.runner.gateway import ModelGateway
+from primefs.runner.loops import LoopWatch
 from primefs.runner.postoffice import PostOffice
 from primefs.runner.prompt import system_prompt
 from primefs.runner.toolbox import ToolBox
@@ -216,6 +217,7 @@ class Agent:
         system = self.system_prompt()
         tools = [PYTHON_TOOL] if self.tool_mode == "native" else None
         max_steps = self.limits.max_steps_per_turn
+        self.loops = LoopWatch(self.limits.loop_repeat, self.limits.loop_window)
         for step in range(1, max_steps + 1):
             if self.stop_requested:
                 return self.stopped()
@@ -260,28 +262,39 @@ class Agent:
         if not cells:
             return self.finish(reply.text, "idle")
         with self.kernel_lock:
-            self._run_cells(asked, cells)
+            ran = self._run_cells(asked, cells)
         if self.done_answer is not None:
             return self.finish(self.done_answer, "done")
         if self.stop_requested:
             return self.stopped()
+        for cell in ran:  # a turn going round in circles: told once, then stopped (loops.py)
+            verdict = self.loops.cell(cell.get("code"), cell.get("output"), cell.get("error"))
+            if verdict is not None and verdict.stop:
+                self.record("error", error=verdict.text)
+                self.session.set_status("idle", stop_reason="loop", error=verdict.text)
+                return "loop"
+            if verdict is not None:
+                self.record("notice", text=verdict.text)
         return None
 
-    def _run_cells(self, asked: dict, cells: list) -> None:
-        """The cells of the reply `asked` (its assistant event), in order."""
+    def _run_cells(self, asked: dict, cells: list) -> list[dict]:
+        """The cells of the reply `asked` (its assistant event), in order; their `cell` events."""
         limit = self.limits.output_chars
+        ran = []
         for k, (call_id, code, error) in enumerate(cells):
             if error:
-                self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}")
+                ran.append(self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}"))
                 continue
             with tracing.cell(self.session, asked, k, call_id) as span:
                 # the cell's requests (wait, recv) are void from the moment it is interrupted
                 res = self.kernel.execute(code, timeout=self.limits.cell_timeout_s, on_timeout=self.cell_ended)
                 self.cell_ended()
-                span.done(self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
-                                      error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
-                                      restarted=res.restarted, elapsed_s=res.elapsed_s,
-                                      shown=format_cell(res, self.limits)))
+                ran.append(self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
+                                       error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
+                                       restarted=res.restarted, elapsed_s=res.elapsed_s,
+                                       shown=format_cell(res, self.limits)))
+                span.done(ran[-1])
+        return ran
 
     def stopped(self) -> str:
         self.session.set_status("stopped", stop_reason="stopped")

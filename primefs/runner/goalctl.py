@@ -129,7 +129,7 @@ class GoalControl:
         """Decide what follows a turn. Returns the notice that starts another turn, or None."""
         s = agent.session
         meta = s.reload()
-        if outcome in ("failed", "stopped") or meta.get("status") in ("failed", "stopped"):
+        if outcome in ("failed", "stopped", "loop") or meta.get("status") in ("failed", "stopped"):
             return None
         conds = meta.get("end_conditions") or []
         if conds:

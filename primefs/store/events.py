@@ -24,7 +24,7 @@ class Event(TypedDict, total=False):
     n: int
 
 
-Outcome = Literal["idle", "done", "failed", "max_steps", "stopped", "interrupted"]
+Outcome = Literal["idle", "done", "failed", "max_steps", "loop", "stopped", "interrupted"]
 
 
 class Task(Event, total=False):

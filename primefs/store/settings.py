@@ -18,6 +18,8 @@ LIMITS = {
     "cell_timeout_s":          (120,  "num", ABOVE_ZERO, 7 * 86400),
     "output_chars":            (8000, "int", 0, 10_000_000),
     "max_steps_per_turn":      (30,   "int", 1, 100_000),
+    "loop_repeat":             (4,    "int", 0, 10_000),  # runner/loops.py; 0: off
+    "loop_window":             (12,   "int", 0, 10_000),
     "model_retries":           (3,    "int", 0, 100),
     "model_retry_backoff_s":   (1.0,  "num", 0, 3600),
     "model_timeout_s":         (600,  "num", ABOVE_ZERO, 86400),
@@ -44,6 +46,8 @@ class Limits:
     cell_timeout_s: float
     output_chars: int
     max_steps_per_turn: int
+    loop_repeat: int
+    loop_window: int
     model_retries: int
     model_retry_backoff_s: float
     model_timeout_s: float
