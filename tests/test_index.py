@@ -269,3 +269,41 @@ def test_a_mended_session_yaml_puts_its_subtree_back_for_stop_tree(ws):
     index = Index(ws.root)
     assert index.subtree(child) == [child] and index.subtree(root)[:1] == [root]
     index.close()
+
+
+def test_a_kernel_searches_every_session_archived_ones_too(ws, scripted):
+    """history.search(..., scope="workspace") from a session's kernel finds what a session of another tree
+    printed, after that tree went into an archive; scope="tree" keeps to its own tree."""
+    from conftest import cli, run_once
+
+    from primefs.store.goals import write_goal
+    from primefs.store.session import list_sessions
+
+    ws = scripted('rules:\n'
+                  '  - match: "leave a mark"\n'
+                  '    replies:\n'
+                  '      - code: "print(\'zebra-crossing seen\')"\n'
+                  '      - text: "marked"\n'
+                  '  - match: "look around"\n'
+                  '    replies:\n'
+                  '      - code: "hits = history.search(\'zeb\' + \'ra\', scope=\'workspace\')\\n'
+                  'print([(h[\'session_name\'], h[\'type\']) for h in hits if h[\'type\'] == \'cell\'])\\n'
+                  'print(len(history.search(\'zeb\' + \'ra\', scope=\'tree\')))\\n'
+                  'for bad in (dict(text=\'\\"open\', scope=\'workspace\'), dict(text=\'x\', scope=\'galaxy\')):\\n'
+                  '    try:\\n'
+                  '        history.search(bad[\'text\'], scope=bad[\'scope\'])\\n'
+                  '    except ValueError as exc:\\n'
+                  '        print(\'refused:\', str(exc)[:60])"\n'
+                  '      - text: "looked"\n')
+    write_goal(ws, "leave a mark", name="marker")
+    run_once(ws)
+    assert [s.read_result() for s in list_sessions(ws.sessions)] == ["marked"]
+    r = cli(ws, "archive", "--status", "idle", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["sessions"] == 1, r.stdout + r.stderr
+    write_goal(ws, "look around", name="looker")
+    run_once(ws)
+    [looker] = [s for s in list_sessions(ws.sessions) if s.name == "looker"]
+    [cell] = looker.events("cell")
+    lines = cell["output"].splitlines()
+    assert lines[0] == "[('marker', 'cell')]" and lines[1] == "0", cell["output"]
+    assert lines[2].startswith("refused: history.search() '\"open'") and "scope is 'session'" in lines[3]

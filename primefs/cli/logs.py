@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from datetime import datetime
 
@@ -10,9 +9,10 @@ import click
 
 from primefs.cli.options import workspace, ws_option
 from primefs.errors import PrimefsError
-from primefs.index.archived import read_events, sync_archives
+from primefs.index.archived import sync_archives
 from primefs.index.db import Index
-from primefs.index.events import search, sync_events
+from primefs.index.events import sync_events
+from primefs.index.find import find_events
 from primefs.views.when import parse_when
 
 
@@ -112,21 +112,12 @@ def logs_cmd(ctx, count, sessions, tree, name, statuses, model, since, until, ty
                "since": parse_when(since, "--since"), "until": parse_when(until, "--until"),
                "types": split_list(types, "--type"), "text": text}
     with Index(ws.root) as index:
-        sync_archives(index)
+        sync_archives(index)  # before _sessions: a name may be an archived session's
         filters["sessions"] = _sessions(index, sessions, tree)
-        sync_events(index, [s for s in filters["sessions"] if (ws.sessions / s).is_dir()]
-                    if filters["sessions"] is not None else None)
-        if text:
-            try:  # a query the full-text syntax refuses is the user's mistake, said in a line
-                index.run(lambda db: db.execute("SELECT rowid FROM events_text WHERE events_text MATCH ? LIMIT 1",
-                                                (text,)).fetchall())
-            except sqlite3.OperationalError as exc:
-                raise PrimefsError(f"--query {text!r}: {exc} (use words, \"a phrase\", prefix*, a OR b)") from None
-        hits, found = search(index, count or None, counts=counts, **filters)
+        events, found = find_events(ws.root, index, count or None, counts=counts, **filters)
     if counts:
         click.echo(json.dumps(found, indent=2) if as_json else _counts_text(found))
         return
-    events = read_events(ws.root, hits)
     if as_json:
         click.echo(json.dumps(events, indent=2, ensure_ascii=False, default=str))
     else:

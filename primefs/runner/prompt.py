@@ -35,7 +35,8 @@ notes, memories, skills and subagent specs (kind: note, memory, skill, agent) fo
 sessions. `from skills import <name>` imports a skill's Python; `rlm(task, agent="<spec>")` starts a \
 child in that role. `refine(instructions=None)`: improve the harness from this session, at turn end.
 - `history.events(type=None, last=None)`, `history.search(pattern)`: your full history, also what was \
-compacted into a summary."""
+compacted into a summary; `history.search("words", scope="workspace")`: what every session (archived too) \
+did, found by full-text search (scope="tree": your tree's)."""
 from primefs.store.settings import Limits
 
 

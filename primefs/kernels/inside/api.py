@@ -112,10 +112,12 @@ class HarnessAPI:
 
 
 class HistoryAPI:
-    """This session's history.jsonl, read from the file: everything, also what compaction summarized."""
+    """This session's history.jsonl, read from the file: everything, also what compaction summarized;
+    and, through the runner, every session's (`search(..., scope=...)`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, link: _Link | None = None):
         self._path = Path(path)
+        self._link = link
 
     def events(self, type: str | None = None, last: int | None = None) -> list[dict]:
         from primefs.store.history import events_of  # the runner's reader: the same lines skipped, a torn last one too
@@ -124,8 +126,13 @@ class HistoryAPI:
             out = [e for e in events_of(f) if type is None or e.get("type") == type]
         return out[-last:] if last else (out if last is None else [])
 
-    def search(self, pattern: str, type: str | None = None) -> list[dict]:
-        """Events whose text (any string field) matches the regular expression `pattern`."""
+    def search(self, pattern: str, type: str | None = None, *, scope: str = "session", limit: int = 20) -> list[dict]:
+        """scope="session": this session's events whose text (any string field) matches the regular
+        expression `pattern`, all of them. scope="tree" (this session's whole tree) or "workspace" (every
+        session, archived ones too): a full-text search of the index (words, "a phrase", prefix*, a OR b),
+        the newest `limit` events, each with `session` and `session_name`."""
+        if scope != "session":
+            return self._link("search", text=pattern, scope=scope, type=type, limit=limit)
         rx = re.compile(pattern)
         return [e for e in self.events(type) if any(isinstance(v, str) and rx.search(v) for v in e.values())]
 
@@ -204,7 +211,7 @@ def setup(ns: dict, *, sock: str, token: str, session_id: str, workspace: str = 
     api = {"context": load_context(Path(workspace), context_paths or [], context_data),
            **_turn_control(link), **_model_calls(link), **_mail(link),
            "harness": HarnessAPI(link),
-           "history": HistoryAPI(history or str(Path(workspace, "sessions", session_id, "history.jsonl"))),
+           "history": HistoryAPI(history or str(Path(workspace, "sessions", session_id, "history.jsonl")), link),
            "Handle": Handle, "ChildFailed": ChildFailed, "SESSION_ID": session_id}
     box = make_tools(link, tools or [], plugins_dir)
     api["tools"] = box
