@@ -17,6 +17,7 @@ from primefs.providers.models import key_files
 from primefs.runner.bell import Bell
 from primefs.runner.compaction import maybe_compact
 from primefs.runner.gateway import ModelGateway
+from primefs.runner.hooks import Hooks
 from primefs.runner.loops import LoopWatch
 from primefs.runner.postoffice import PostOffice
 from primefs.runner.prompt import system_prompt
@@ -49,9 +50,9 @@ class Agent:
     """Live state of a session in the runner: its kernel, its conversation, its turn."""
 
     def __init__(self, session: Session, *, ws, tree: SessionTree, gateway: ModelGateway, post: PostOffice,
-                 host: KernelHost, bell: Bell, toolbox: ToolBox | None = None):
+                 host: KernelHost, bell: Bell, toolbox: ToolBox | None = None, hooks: Hooks | None = None):
         self.session, self.ws, self.tree, self.gateway, self.post, self.bell = session, ws, tree, gateway, post, bell
-        self.toolbox = toolbox
+        self.toolbox, self.hooks = toolbox, hooks
         meta = session.meta
         self.settings = ws.resolve_model(meta["model"])
         self.tool_mode = self.settings["tool_mode"]
@@ -285,6 +286,8 @@ class Agent:
             if error:
                 ran.append(self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}"))
                 continue
+            if self.hooks is not None:
+                self.hooks.fire("before_cell", self.session, {"call_id": call_id, "code": code})
             with tracing.cell(self.session, asked, k, call_id) as span:
                 # the cell's requests (wait, recv) are void from the moment it is interrupted
                 res = self.kernel.execute(code, timeout=self.limits.cell_timeout_s, on_timeout=self.cell_ended)

@@ -91,7 +91,9 @@ def maybe_compact(agent, system: str) -> bool:
         "compaction", upto_n=old[-1]["n"], replaced=len(old), kept_from_n=live[keep_from]["n"],
         summary=reply.text or "", tokens_before=before)
     agent.messages = rebuild(agent.session.events(), agent.tool_mode)
-    agent.session.history.append("compaction_done", n_compaction=event["n"],
-                                 tokens_after=agent.gateway.prompt_tokens(
-                                     agent.settings, [{"role": "system", "content": system}, *agent.messages]))
+    done = agent.session.history.append("compaction_done", n_compaction=event["n"],
+                                        tokens_after=agent.gateway.prompt_tokens(
+                                            agent.settings, [{"role": "system", "content": system}, *agent.messages]))
+    if agent.hooks is not None:
+        agent.hooks.fire("after_compaction", agent.session, done)
     return True

@@ -30,6 +30,7 @@ from primefs.runner.archiving import Archiving
 from primefs.runner.bell import Bell
 from primefs.runner.gateway import ModelGateway
 from primefs.runner.goalctl import GoalControl
+from primefs.runner.hooks import Hooks
 from primefs.runner.intake import Intake
 from primefs.runner.liverequests import LiveRequests
 from primefs.runner.postoffice import PostOffice
@@ -126,6 +127,7 @@ class Runner:
         self.gateway = ModelGateway(ws, providers(self.pm), self.goals, self.bell, self.log)
         self.intake = Intake(ws, self.tree, self.scheduler, self.post, conditions, self.log)
         self.toolbox = ToolBox(ws, self.pm, self.log)
+        self.hooks = Hooks(ws, self.log)
         self.turns = Turns(ws, self.tree, self.post, self.scheduler, self.goals, self.bell, self._make_agent,
                            self.intake.commit_hand_edits, self.log)
         self.services = KernelServices(ws, self.tree, self.turns, self.post, self.scheduler, self.goals,
@@ -150,7 +152,7 @@ class Runner:
 
     def _make_agent(self, session: Session) -> Agent:
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,
-                     bell=self.bell, toolbox=self.toolbox)
+                     bell=self.bell, toolbox=self.toolbox, hooks=self.hooks)
 
     # -- what other code may ask ------------------------------------------------------------------
     def refine(self, sid: str, **request) -> dict:

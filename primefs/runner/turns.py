@@ -162,6 +162,10 @@ class Turns:
                            stop_reason=s.meta.get("stop_reason"))
         s.summary()  # summaries are written at turn ends and status changes, not at every event
         self.log(f"{s.id} ({s.name}): turn {turn} ended: {outcome}")
+        if agent.hooks is not None:
+            agent.hooks.fire("turn_end", s, end)
+            if s.status in ("done", "failed", "stopped"):  # it takes no more turns of itself
+                agent.hooks.fire("session_end", s, end)
         if s.status == "failed":
             self.failed.add(s.id)
         self.report_to_parent(s, turn)

@@ -99,6 +99,31 @@ def check_limits(limits, where: str) -> dict:
 
 
 # -- primefs.yaml ---------------------------------------------------------------------------------
+HOOKS = ("turn_end", "session_end", "before_cell", "after_compaction", "approval_needed")  # runner/hooks.py
+
+
+def check_hooks(value, where: str) -> None:
+    """`hooks:`: {name: command, or a list of commands or {command, timeout_s}}."""
+    if not isinstance(value, dict):
+        raise PrimefsError(f"{where}: `hooks:` must be a mapping of hook: command (hooks: {', '.join(HOOKS)})")
+    for name, items in value.items():
+        if name not in HOOKS:
+            raise PrimefsError(f"{where}: hooks: unknown hook {name!r} (known: {', '.join(HOOKS)})")
+        for item in items if isinstance(items, list) else [items]:
+            command = item.get("command") if isinstance(item, dict) else item
+            if not isinstance(command, str) or not command.strip():
+                raise PrimefsError(f"{where}: hooks.{name}: each hook is a command (text) or {{command, timeout_s}}")
+            if isinstance(item, dict):
+                extra = set(item) - {"command", "timeout_s"}
+                if extra:
+                    raise PrimefsError(f"{where}: hooks.{name}: unknown key(s) {', '.join(sorted(map(str, extra)))} "
+                                       "(known: command, timeout_s)")
+                t = item.get("timeout_s", 30)
+                if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 3600:
+                    raise PrimefsError(f"{where}: hooks.{name}: timeout_s must be a number of seconds, above 0 and "
+                                       f"at most 3600, not {t!r}")
+
+
 def check_config(data, where: str = "primefs.yaml", root: Path | None = None) -> dict:
     """The whole primefs.yaml: a mapping; model, models, limits, mcp_servers and sandbox well formed."""
     if data is None:
@@ -127,6 +152,8 @@ def check_config(data, where: str = "primefs.yaml", root: Path | None = None) ->
         check_servers(data["mcp_servers"])
     if data.get("hosts") is not None:
         check_hosts(data["hosts"], where)
+    if data.get("hooks") is not None:
+        check_hooks(data["hooks"], where)
     if data.get("kernel_connect") is not None and not isinstance(data["kernel_connect"], bool):
         raise PrimefsError(f"{where}: kernel_connect must be true or false")
     return data

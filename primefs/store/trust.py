@@ -40,6 +40,8 @@ def config_sections(config: dict) -> dict:
     out = {}
     if config.get("mcp_servers"):
         out["mcp_servers"] = config["mcp_servers"]
+    if config.get("hooks"):
+        out["hooks"] = config["hooks"]
     if "sandbox" in config and lowers(check_sandbox(config["sandbox"], CONFIG)):
         out["sandbox"] = config["sandbox"]
     return out
