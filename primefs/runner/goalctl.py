@@ -84,11 +84,21 @@ class GoalControl:
             raise BudgetExhausted(*hit)
 
     # -- end conditions ---------------------------------------------------------------------------
-    def evaluate(self, agent) -> list[dict]:
+    def evaluate(self, agent, answer: str | None = None) -> list[dict]:
         """The session's end conditions, checked now. A `command` runs as the session's kernel would: in its
-        sandbox and its room (ctx["run"]); paths are its room's (ctx["room"])."""
+        sandbox and its room (ctx["run"]); paths are its room's (ctx["room"]). A `judge` calls a model as the
+        session does (ctx["complete"]: counted in its usage and budgets) and records its verdict; `answer`:
+        the answer being judged (done()'s), else result.md."""
         sid = agent.session.id
-        ctx = {"workspace": self.root, "session": sid, "room": agent.room, "run": agent.run_command}
+
+        def complete(model: str, prompt: str) -> str:
+            reply = agent.complete([{"role": "user", "content": prompt}], purpose="judge",
+                                   settings=agent.ws.resolve_model(model))
+            return reply.text or ""
+
+        ctx = {"workspace": self.root, "session": sid, "room": agent.room, "run": agent.run_command,
+               "goal": agent.session.task, "answer": answer if answer is not None else agent.session.read_result(),
+               "complete": complete, "record": agent.record}
         out = []
         for cond in self.tree.session(sid).meta.get("end_conditions") or []:
             (name, arg), = cond.items()
@@ -103,9 +113,9 @@ class GoalControl:
             out.append({"name": name, "arg": arg, "passed": bool(passed), "report": str(report)})
         return out
 
-    def refuse_done(self, agent) -> str | None:
+    def refuse_done(self, agent, answer: str | None = None) -> str | None:
         """done() is refused (with this message) while the session's end conditions fail."""
-        results = self.evaluate(agent)
+        results = self.evaluate(agent, answer)
         failing = [r for r in results if not r["passed"]]
         if not failing:
             return None

@@ -80,7 +80,7 @@ class KernelServices:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def op_done(self, agent, answer: str) -> bool:
-        refusal = self.goals.refuse_done(agent)
+        refusal = self.goals.refuse_done(agent, answer)
         if refusal:
             agent.record("done_refused", answer=answer[:2000], report=refusal[-4000:])
             raise PrimefsError(refusal)

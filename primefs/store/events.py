@@ -222,6 +222,12 @@ class Compaction(Event, total=False):
     tokens_before: int
 
 
+class Judge(Event, total=False):
+    model: str
+    passed: bool
+    reason: str
+
+
 class CompactionDone(Event, total=False):
     n_compaction: int
     tokens_after: int
@@ -234,6 +240,7 @@ EVENTS: dict[str, type] = {
     "error": ErrorEvent, "spawn": Spawn, "sent": Sent, "done_refused": DoneRefused, "end_conditions": EndConditions,
     "budget": Budget, "harness": Harness, "heartbeat_set": HeartbeatSet, "tool_call": ToolCall, "refine": Refine,
     "exec": Exec, "kernel_connect": KernelConnect, "compaction": Compaction, "compaction_done": CompactionDone,
+    "judge": Judge,
 }
 # On every event, whatever its type: (types, required). `ts` and `type` are checked by parse_event itself.
 COMMON: dict[str, tuple[tuple, bool]] = {"n": ((int,), False), "text": ((str, type(None)), False),

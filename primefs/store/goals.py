@@ -123,6 +123,11 @@ def _goal_control(ws: Workspace, meta: dict, rel: str, conditions: dict | None) 
         control["budget"] = check_budget(meta["budget"], rel)
     if meta.get("end_conditions") is not None:
         control["end_conditions"] = check_end_conditions(meta["end_conditions"], rel, conditions)
+        for cond in control["end_conditions"]:  # a condition may check its own argument (judge: its model)
+            (name, arg), = cond.items()
+            check = getattr((conditions or {}).get(name), "check", None)
+            if check is not None:
+                check(arg, rel, ws.resolve_model)
     if "tools" in meta:
         control["tools"] = check_selection(meta["tools"], rel)
     if meta.get("heartbeat") is not None:
