@@ -293,3 +293,30 @@ def test_llm_batch_keeps_order(ws, server):
     s = by_name(ws)["batch"]
     assert outputs(s)[0] == str([f"answer {i}" for i in range(6)]) + "\n"
     assert [c["purpose"] for c in s.events("model_call")].count("llm_batch") == 6
+
+
+def test_a_child_budget_stops_the_child_and_one_too_big_is_refused(ws, scripted):
+    """rlm(budget=...): the child stops at its own limit (its parent goes on); a budget larger than what the
+    parent's has left is an error in the cell, and no child is made."""
+    ws = scripted('rules:\n'
+                  '  - match: "parent"\n'
+                  '    replies:\n'
+                  '      - code: "h = rlm(\'child work\', budget={\'tokens\': 100})\\n'
+                  'try:\\n    print(\'child:\', h.wait(60))\\nexcept ChildFailed as exc:\\n    print(\'child failed:\', exc)\\n'
+                  'try:\\n    rlm(\'too big\', budget={\'tokens\': 10**6})\\nexcept Exception as exc:\\n'
+                  '    print(\'refused:\', exc)"\n'
+                  '      - text: "parent done"\n'
+                  '  - match: "child work"\n'
+                  '    replies:\n'
+                  '      - code: "print(1)"\n'
+                  '      - text: "child done"\n')
+    write_goal(ws, "parent", name="parent", extra={"budget": {"tokens": 200000}})
+    run_once(ws)
+    names = by_name(ws)
+    assert set(names) == {"parent", "parent.1"}  # the refused child was never made
+    child = names["parent.1"].reload()
+    assert (child["status"], child["stop_reason"]) == ("stopped", "budget:tokens") and child["budget"] == {"tokens": 100}
+    [cell] = names["parent"].events("cell")
+    assert "child failed: child parent.1" in cell["output"] and "was stopped" in cell["output"]
+    assert "refused: rlm(budget=...): tokens 1000000 is more than the" in cell["output"]
+    assert names["parent"].read_result() == "parent done"

@@ -46,10 +46,29 @@ class GoalControl:
 
     def holder(self, sid: str) -> str | None:
         """The nearest session at or above `sid` that has a budget."""
-        for x in self.tree.chain(sid):
-            if self.tree.session(x).meta.get("budget"):
-                return x
-        return None
+        return next(iter(self.holders(sid)), None)
+
+    def holders(self, sid: str) -> list[str]:
+        """Every session at or above `sid` that has a budget, nearest first: each one's limits hold."""
+        return [x for x in self.tree.chain(sid) if self.tree.session(x).meta.get("budget")]
+
+    def reserved(self, holder: str, but: str | None = None) -> dict:
+        """What the running children with a budget of their own (rlm(budget=...)) have reserved of
+        `holder`'s tokens and cost and not spent yet: the holder's other sessions may not spend it. `but`:
+        the one whose share is being spent (a call inside it). A child's rest returns when its turn ends."""
+        out = {"tokens": 0, "cost_usd": 0.0}
+        for x in self.tree.subtree(holder)[1:]:
+            meta = self.tree.session(x).meta
+            budget = meta.get("budget") or {}
+            if x == but or not (set(budget) & set(out)) or self.holders(self.tree.parent(x) or x)[:1] != [holder]:
+                continue  # not a reserving child of this holder (a grandchild's reserve is its parent's business)
+            if meta.get("status") not in ("pending", "running"):
+                continue
+            used = self.used(x)
+            for key in out:
+                if key in budget:
+                    out[key] += max(0, budget[key] - used[key])
+        return out
 
     def used(self, holder: str) -> dict:
         with self._lock:
@@ -62,19 +81,42 @@ class GoalControl:
                 "seconds": round(time.time() - started, 3) if started else 0.0}
 
     def exhausted(self, sid: str, *, next_turn: bool = False) -> tuple[str, str] | None:
-        """(reason, detail) if a budget over `sid` is used up. `next_turn`: about to start one more turn."""
-        holder = self.holder(sid)
-        if holder is None:
-            return None
-        budget = self.tree.session(holder).meta["budget"]
-        used = self.used(holder)
-        for key, limit in budget.items():
-            value = used[key]
-            over = value >= limit if (key != "turns" or next_turn) else value > limit
-            if over:
-                return BUDGET_KEYS[key], f"{key} used {value:g} of {limit:g}" + (
-                    "" if holder == sid else f" (budget of {holder})")
+        """(reason, detail) if a budget over `sid` is used up: its nearest holder's, or any above it (with
+        what running children reserved of it, but the share `sid` spends). `next_turn`: about to start one
+        more turn."""
+        chain = self.holders(sid)
+        for i, holder in enumerate(chain):
+            budget = self.tree.session(holder).meta["budget"]
+            used = self.used(holder)
+            # what its running children reserved, but the share of the one `sid` is in (chain[i - 1])
+            held = self.reserved(holder, but=chain[i - 1] if i else None) if {"tokens", "cost_usd"} & set(budget) \
+                else {}
+            for key, limit in budget.items():
+                if i and key == "turns":
+                    continue  # the turns of a session further up: they count its own turns, not its children's
+                value = used[key] + held.get(key, 0)
+                over = value >= limit if (key != "turns" or next_turn) else value > limit
+                if over:
+                    kept = f", {held[key]:g} of it reserved for children" if held.get(key) else ""
+                    return BUDGET_KEYS[key], f"{key} used {value:g} of {limit:g}{kept}" + (
+                        "" if holder == sid else f" (budget of {holder})")
         return None
+
+    def left_for_child(self, parent: str, budget: dict) -> None:
+        """rlm(budget=...): the child's tokens and cost must fit in what every budget over `parent` has left
+        (its usage and other children's reserves); PrimefsError saying which does not."""
+        from primefs.errors import PrimefsError
+
+        chain = self.holders(parent)
+        for i, holder in enumerate(chain):
+            limits = self.tree.session(holder).meta["budget"]
+            used, held = self.used(holder), self.reserved(holder, but=chain[i - 1] if i else None)
+            for key in ("tokens", "cost_usd"):
+                if key in budget and key in limits:
+                    left = limits[key] - used[key] - held[key]
+                    if budget[key] > left:
+                        raise PrimefsError(f"rlm(budget=...): {key} {budget[key]:.10g} is more than the {max(left, 0):.10g} "
+                                           f"the budget of {holder} has left; no child was created")
 
     def before_model_call(self, agent) -> None:
         if agent.stop_requested or self.bell.stopping:

@@ -24,7 +24,7 @@ from primefs.runner.turns import Turns
 from primefs.store import mail, redact
 from primefs.store.fsutil import check_name
 from primefs.store.session import Session, create_session
-from primefs.store.settings import FINISHED, check_resources
+from primefs.store.settings import FINISHED, check_budget, check_resources
 from primefs.store.trust import WRITTEN_BY_KERNELS
 from primefs.tools.registry import check_selection
 from primefs.tracing import spans as tracing
@@ -99,7 +99,7 @@ class KernelServices:
 
     # -- children ---------------------------------------------------------------------------------
     def op_spawn(self, agent, task: str, name=None, model=None, context=None, agent_spec=None,
-                 resources=None) -> dict:
+                 resources=None, budget=None) -> dict:
         parent = agent.session
         depth = int(parent.meta.get("depth") or 0) + 1
         max_depth = agent.limits.max_depth
@@ -135,6 +135,9 @@ class KernelServices:
             extra["tools"] = parent.meta["tools"]
         if "sandbox" in parent.meta:  # a goal's sandbox covers its whole tree
             extra["sandbox"] = parent.meta["sandbox"]
+        if budget is not None:  # its own limits; its tokens and cost reserved of every budget above it
+            extra["budget"] = check_budget(budget, "rlm(budget=...)")
+            self.goals.left_for_child(parent.id, extra["budget"])
         if resources is not None:  # what the child's kernel needs from a node; else the parent's needs
             extra["resources"] = check_resources(resources, "rlm(resources=...)")
         elif parent.meta.get("resources"):

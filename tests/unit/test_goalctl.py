@@ -199,3 +199,41 @@ def test_goal_status_shows_the_budget_left_and_the_conditions(goals):
                                 "tokens": {"limit": 100, "used": 30, "left": 70}}
     assert status["goal"] == "the task of kid" and status["end_conditions"] == []
     assert [r["name"] for r in goals.ctl.status(goals.agent(top, turns=2))["end_conditions"]] == ["file_exists"]
+
+
+def spend(goals, session, tokens, cost=0.0):
+    """A model call, recorded as the gateway records it (its history, then the running count)."""
+    e = session.history.append("model_call", model="mock/model", purpose="turn", input_tokens=tokens, output_tokens=0,
+                               cost_usd=cost, cost_known=True)
+    goals.ctl.record_call(session.id, e)
+
+
+def test_a_child_budget_is_reserved_of_the_parents_and_returns_when_the_child_ends(goals):
+    top = goals.session("top", budget={"tokens": 1000})
+    spend(goals, top, 300)
+    child = goals.session("child", parent=top, budget={"tokens": 500}, status="running")
+    kid = goals.session("kid", parent=child)
+    other = goals.session("other", parent=top)
+    spend(goals, child, 100)
+    # top's own part: 300 + 100 used, 400 still reserved for the running child: 800 of 1000
+    assert goals.ctl.exhausted(top.id) is None and goals.ctl.exhausted(other.id) is None
+    spend(goals, other, 200)  # 600 used + 400 reserved: the top's other sessions are out
+    assert goals.ctl.exhausted(other.id) == ("budget:tokens", "tokens used 1000 of 1000, 400 of it reserved for "
+                                             f"children (budget of {top.id})")
+    assert goals.ctl.exhausted(kid.id) is None  # the child spends its own share
+    spend(goals, kid, 400)  # the child's 500 are spent: it stops at its own limit
+    assert goals.ctl.exhausted(kid.id) == ("budget:tokens", f"tokens used 500 of 500 (budget of {child.id})")
+    child.set_status("idle", stop_reason="answered")
+    assert goals.ctl.exhausted(other.id) == ("budget:tokens", f"tokens used 1000 of 1000 (budget of {top.id})")
+
+
+def test_a_child_budget_must_fit_in_what_every_budget_above_has_left(goals):
+    from primefs.errors import PrimefsError
+
+    top = goals.session("top", budget={"tokens": 1000, "cost_usd": 1.0})
+    spend(goals, top, 700, 0.25)
+    goals.ctl.left_for_child(top.id, {"tokens": 300, "cost_usd": 0.75})  # exactly what is left: fine
+    goals.session("first", parent=top, budget={"tokens": 200}, status="running")
+    with pytest.raises(PrimefsError, match=rf"tokens 150 is more than the 100 the budget of {top.id} has left"):
+        goals.ctl.left_for_child(top.id, {"tokens": 150})
+    goals.ctl.left_for_child(top.id, {"turns": 50, "seconds": 10})  # not reserved: a child's own limits

@@ -262,11 +262,13 @@ def _model_calls(link: _Link) -> dict:
         return link("llm_batch", prompts=[str(p) for p in prompts], model=model)
 
     def rlm(task: str, *, name: str | None = None, model: str | None = None, context=None,
-            agent: str | None = None, resources: dict | None = None) -> Handle:
+            agent: str | None = None, resources: dict | None = None, budget: dict | None = None) -> Handle:
         """Start a child session on `task` and return its Handle at once (never waits).
 
         `context` (str, or JSON-able dict/list) becomes the child's `context` variable.
         `resources` ({num_cpus, num_gpus, memory, custom}: what its kernel needs; default: this session's).
+        `budget` ({tokens, cost_usd, turns, seconds}): the child's and its descendants' own limits; its
+        tokens and cost are reserved of this session's budget while the child runs.
         """
         if context is not None and not isinstance(context, str):
             try:
@@ -274,7 +276,7 @@ def _model_calls(link: _Link) -> dict:
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"rlm(context=...) must be str or JSON-able data: {exc}") from None
         info = link("spawn", task=str(task), name=name, model=model, context=context, agent=agent,
-                    resources=resources)
+                    resources=resources, budget=budget)
         return Handle(link, info["id"], info["name"])
 
     def wait_all(handles: list[Handle], timeout: float | None = None) -> list[str]:
