@@ -21,8 +21,9 @@ KERNEL_API = """## Kernel API (already defined in your kernel)
 - `context`: your input data ({context_desc}).
 - `llm(prompt, model=None) -> str`: one plain model call (no tools, no kernel), e.g. to read or \
 classify a chunk of `context`. `llm_batch(prompts, model=None) -> list[str]`: many, in parallel.
-- `rlm(task, name=None, model=None, context=None, agent=None) -> Handle`: start a child agent with its own kernel \
-on a sub-task; `context` (str or JSON data) becomes its `context`. Returns at once. `h.wait(timeout=None)` \
+- `rlm(task, name=None, model=None, context=None, agent=None, budget=None) -> Handle`: start a child agent with its \
+own kernel on a sub-task; `context` (str or JSON data) becomes its `context`; `budget` ({{"tokens": N, "cost_usd": X}}) \
+caps the child and reserves that much of yours. Returns at once. `h.wait(timeout=None)` \
 returns its answer (raises `ChildFailed` if it failed); `wait_all(handles)`; `h.status`, `h.result`, \
 `h.send(text)` (a finished child takes a new turn). Split big inputs into chunks and fan out.
 - `send(to, text)`: mail "parent", "children", "all", a child's name or a session id. `inbox()` returns \
