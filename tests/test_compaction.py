@@ -21,8 +21,8 @@ def test_compaction_keeps_recent_turns_verbatim_and_history_whole(ws, server):
         {"text": "after compaction"}]}
     summary = {"match": "^You are compacting", "replies": [{"text": "SUMMARY: secret is 4242; turn one done."}]}
     server.set_script({"rules": [summary, after, first_turn]})
-    # counted by litellm (tiktoken): the first turn stays under 1,200 tokens, the long message takes it over
-    ws = use_server(ws, server, limits={"compact_at_tokens": 1200, "output_chars": 2000})
+    # counted by litellm (tiktoken): the first turn stays under 1,300 tokens, the long message takes it over
+    ws = use_server(ws, server, limits={"compact_at_tokens": 1300, "output_chars": 2000})
     with BackgroundRunner(ws):  # one runner: the same kernel before and after the compaction
         write_goal(ws, "Long task", name="long")
         s = wait_for(lambda: next((x for x in list_sessions(ws.sessions) if x.read_result()), None))

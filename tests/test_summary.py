@@ -126,7 +126,7 @@ def test_a_runner_killed_while_writing_summaries(ws):
     (ws.root / "s.yaml").write_text("default:\n" + "  - code: \"x = 1\"\n    text: step\n" * 40 + "  - text: end\n")
     from conftest import configure
 
-    ws = configure(ws, model="scripted/s.yaml")
+    ws = configure(ws, model="scripted/s.yaml", limits={"loop_repeat": 0, "loop_window": 0})  # 40 cells alike
     for i in range(6):
         (ws.goals / f"g{i}.md").write_text(f"task {i}\n")
     ends = lambda: sum(os.path.getsize(ws.sessions / sid / "history.jsonl") > 0 and

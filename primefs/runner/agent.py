@@ -46,6 +46,24 @@ def format_cell(res: CellResult, limits: Limits) -> str:
     return "\n".join([*notes, text or "[no output]"])
 
 
+
+def kernel_spec(agent: Agent) -> KernelSpec:
+    """What a session's kernel is started with: its rooms, sandbox, context, skills, tools."""
+    meta, ws, room = agent.session.meta, agent.ws, agent.room
+    skill_dirs = [str(agent.tree.dir / s / "harness" / "skills") for s in agent.tree.chain(agent.session.id)]
+    skill_dirs.append(str(ws.harness / "skills"))
+    room.mkdir(exist_ok=True)
+    box = agent.sandbox()
+    refused = trust.skills_refused(ws, skill_dirs) if trust.lowers(box) else {}
+    return KernelSpec(agent.session.id, ws.root, room, rooms=[room, agent.session.dir / "kernel"],
+                      setup={"workspace": str(ws.root), "history": str(agent.session.history.path),
+                             "context_paths": list(meta.get("context") or []),
+                             "context_data": meta.get("context_data"), "skill_dirs": skill_dirs,
+                             "skills_refused": refused,
+                             "tools": [t.spec() for t in agent.tools()], "plugins_dir": str(ws.plugins)},
+                      resources=dict(meta.get("resources") or {}), sandbox=box, hidden=key_files(ws.config))
+
+
 class Agent:
     """Live state of a session in the runner: its kernel, its conversation, its turn."""
 
@@ -57,7 +75,7 @@ class Agent:
         self.settings = ws.resolve_model(meta["model"])
         self.tool_mode = self.settings["tool_mode"]
         self.limits = ws.limits(meta.get("limits") or {})
-        self.kernel = SessionKernel(host, self._kernel_spec, session.dir / "kernel", self.limits, self.record,
+        self.kernel = SessionKernel(host, lambda: kernel_spec(self), session.dir / "kernel", self.limits, self.record,
                                     on_start=self.placed)
         self.had_kernel = False  # a kernel of this session ran before (an earlier runner, or evicted)
         self.kernel_gone: str | None = None  # why its kernel was shut down while the session was idle
@@ -81,22 +99,6 @@ class Agent:
         """The session's own folder for files: its kernel's working folder, the one place (with its
         kernel/ folder) its sandboxed kernel may write."""
         return self.session.dir / "work"
-
-    def _kernel_spec(self) -> KernelSpec:
-        meta = self.session.meta
-        skill_dirs = [str(self.tree.dir / s / "harness" / "skills") for s in self.tree.chain(self.session.id)]
-        skill_dirs.append(str(self.ws.harness / "skills"))
-        self.room.mkdir(exist_ok=True)
-        box = self.sandbox()
-        refused = trust.skills_refused(self.ws, skill_dirs) if trust.lowers(box) else {}
-        return KernelSpec(self.session.id, self.ws.root, self.room, rooms=[self.room, self.session.dir / "kernel"],
-                          setup={"workspace": str(self.ws.root), "history": str(self.session.history.path),
-                                 "context_paths": list(meta.get("context") or []),
-                                 "context_data": meta.get("context_data"), "skill_dirs": skill_dirs,
-                                 "skills_refused": refused,
-                                 "tools": [t.spec() for t in self.tools()], "plugins_dir": str(self.ws.plugins)},
-                          resources=dict(meta.get("resources") or {}), sandbox=box,
-                          hidden=key_files(self.ws.config))
 
     def sandbox(self) -> dict | None:
         """The session's sandbox: its own `sandbox:` (from its goal, or inherited), else primefs.yaml's, else
@@ -268,15 +270,7 @@ class Agent:
             return self.finish(self.done_answer, "done")
         if self.stop_requested:
             return self.stopped()
-        for cell in ran:  # a turn going round in circles: told once, then stopped (loops.py)
-            verdict = self.loops.cell(cell.get("code"), cell.get("output"), cell.get("error"))
-            if verdict is not None and verdict.stop:
-                self.record("error", error=verdict.text)
-                self.session.set_status("idle", stop_reason="loop", error=verdict.text)
-                return "loop"
-            if verdict is not None:
-                self.record("notice", text=verdict.text)
-        return None
+        return self.loops.after_step(self, ran)  # a turn going round in circles: told once, then stopped
 
     def _run_cells(self, asked: dict, cells: list) -> list[dict]:
         """The cells of the reply `asked` (its assistant event), in order; their `cell` events."""

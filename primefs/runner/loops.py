@@ -69,6 +69,19 @@ class LoopWatch:
             return Verdict(True, f"stopped as a loop: {sign}")
         return None
 
+    def after_step(self, agent, cells: list[dict]) -> str | None:
+        """The cells of one step counted: a notice recorded for the model, or the turn ended (`"loop"`,
+        the outcome). None: go on."""
+        for c in cells:
+            verdict = self.cell(c.get("code"), c.get("output"), c.get("error"))
+            if verdict is not None and verdict.stop:
+                agent.record("error", error=verdict.text)
+                agent.session.set_status("idle", stop_reason="loop", error=verdict.text)
+                return "loop"
+            if verdict is not None:
+                agent.record("notice", text=verdict.text)
+        return None
+
     def _sign(self, key: str, err: str) -> str | None:
         if self.repeat and self.code_run >= self.repeat:
             return f"the same cell ran {self.code_run} times in a row ({_short(key)!r})"

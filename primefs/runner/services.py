@@ -253,25 +253,8 @@ class KernelServices:
     # -- search ---------------------------------------------------------------------------------------
     def op_search(self, agent, text: str, scope: str = "workspace", type: str | None = None, limit: int = 20) -> list[dict]:
         """`history.search(..., scope="tree"|"workspace")`: full-text, over the index (archived sessions too)."""
-        from primefs.index.archived import sync_archives
-        from primefs.index.db import Index
-        from primefs.index.find import find_events
-
-        if scope not in ("tree", "workspace"):
-            raise ValueError(f"history.search(scope={scope!r}): scope is 'session', 'tree' or 'workspace'")
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("history.search(): the pattern is empty")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise ValueError("history.search(limit=...) must be a whole number from 1 to 1000")
-        with Index(self.ws.root) as index:
-            sync_archives(index)
-            sessions = self.tree.subtree(self.tree.root(agent.session.id)) if scope == "tree" else None
-            try:
-                events, _ = find_events(self.ws.root, index, limit, label="history.search()", text=text,
-                                        types=[type] if type else None, sessions=sessions)
-            except PrimefsError as exc:
-                raise ValueError(str(exc)) from None
-        return events
+        tree = self.tree.subtree(self.tree.root(agent.session.id)) if scope == "tree" else None
+        return search_sessions(self.ws.root, text, scope, type, limit, tree)
 
     def op_send(self, agent, to: str, text: str) -> int:
         targets = self.post.resolve(agent.session.id, str(to))
@@ -305,6 +288,28 @@ def _entry(e, body: bool = False) -> dict:
     if body:
         d.update(body=e.body, meta=json.loads(json.dumps(e.meta, default=str)), files=list(e.files))
     return d
+
+
+def search_sessions(root, text, scope: str, type, limit, sessions: list[str] | None) -> list[dict]:
+    """A kernel's full-text search of the index (`sessions`: its tree's ids, or None: every session)."""
+    from primefs.index.archived import sync_archives
+    from primefs.index.db import Index
+    from primefs.index.find import find_events
+
+    if scope not in ("tree", "workspace"):
+        raise ValueError(f"history.search(scope={scope!r}): scope is 'session', 'tree' or 'workspace'")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("history.search(): the pattern is empty")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise ValueError("history.search(limit=...) must be a whole number from 1 to 1000")
+    with Index(root) as index:
+        sync_archives(index)
+        try:
+            events, _ = find_events(root, index, limit, label="history.search()", text=text,
+                                    types=[type] if type else None, sessions=sessions)
+        except PrimefsError as exc:
+            raise ValueError(str(exc)) from None
+    return events
 
 
 def _msg(m: mail.Message) -> dict:
