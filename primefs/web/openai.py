@@ -76,7 +76,7 @@ async def chat_completions(request: Request):
         gone.cancel()
         if not waiting.done():  # the client went away: its session's work is not wanted any more
             waiting.cancel()
-            handle.stop()
+            handle.stop(timeout=0)  # asked, not waited for: the event loop serves the other requests
     if not waiting.done() or waiting.cancelled():
         return error(499, "the client closed the request; its session was stopped", code="client_closed")
     result = waiting.result()
@@ -134,7 +134,7 @@ async def _streamed(handle, model: str):
         yield "data: [DONE]\n\n"
     finally:
         if not handle.ended:  # the client went away (Starlette cancelled us): stop the work it asked for
-            handle.stop()
+            handle.stop(timeout=0)
 
 
 def _shown(event: dict) -> dict:
