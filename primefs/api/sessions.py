@@ -227,6 +227,11 @@ class SessionHandle:
         while (any((self._ws.sessions / sid / STOP_FILE).exists() for sid in targets) and lock_held(self._ws)
                and time.monotonic() < deadline):
             time.sleep(POLL_S)
+        left = [sid for sid in targets if (self._ws.sessions / sid / STOP_FILE).exists()]
+        if left and timeout and not lock_held(self._ws):  # its runner ended before taking the request: stop here
+            request_stop(self._ws, left)
+            for sid in left:
+                (self._ws.sessions / sid / STOP_FILE).unlink(missing_ok=True)
 
 
 
