@@ -25,7 +25,7 @@ from primefs.index.accounting import UsageIndex
 from primefs.plugins import end_conditions, plugin_manager
 from primefs.store.frontmatter import dump_yaml, load_yaml
 from primefs.store.gitops import git
-from primefs.store.session import create_session
+from primefs.store.session import context_files, create_session
 from primefs.store.settings import FINISHED, check_budget, check_end_conditions, check_limits
 from primefs.store.workspace import Workspace, init_workspace
 
@@ -282,8 +282,7 @@ def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> lis
     sessions = {}
     for item in items:
         ctx = item.get("context")
-        files = {} if ctx is None else ({"context.txt": ctx} if isinstance(ctx, str)
-                                        else {"context.json": json.dumps(ctx, ensure_ascii=False)})
+        files = context_files(ctx)
         s = create_session(ws.sessions, task=item["task"], name=item["id"], model=model,
                            extra={**_control(cfg), "eval": True, "eval_mode": "rlm"}, files=files)
         sessions[item["id"]] = s

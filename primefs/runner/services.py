@@ -23,7 +23,7 @@ from primefs.runner.tree import SessionTree
 from primefs.runner.turns import Turns
 from primefs.store import mail, redact
 from primefs.store.fsutil import check_name
-from primefs.store.session import Session, create_session
+from primefs.store.session import Session, context_files, create_session
 from primefs.store.settings import FINISHED, check_budget, check_resources
 from primefs.store.trust import WRITTEN_BY_KERNELS
 from primefs.tools.registry import check_selection
@@ -143,7 +143,7 @@ class KernelServices:
         elif parent.meta.get("resources"):
             extra["resources"] = parent.meta["resources"]
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
-                               extra=extra, files=_context_files(context))
+                               extra=extra, files=context_files(context))
         agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)
         tracing.spawned(parent.id, child.id)
         self.intake.adopt(child)
@@ -314,12 +314,3 @@ def search_sessions(root, text, scope: str, type, limit, sessions: list[str] | N
 
 def _msg(m: mail.Message) -> dict:
     return {"id": m.id, "sender": m.sender, "kind": m.kind, "text": m.text, "created": m.created}
-
-
-def _context_files(context) -> dict[str, str]:
-    """A parent's context value as files of the child: str -> context.txt, other data -> context.json."""
-    if context is None:
-        return {}
-    if isinstance(context, str):
-        return {"context.txt": context}
-    return {"context.json": json.dumps(context, ensure_ascii=False)}

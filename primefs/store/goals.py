@@ -224,16 +224,15 @@ def write_goal(ws: Workspace, text: str, *, model: str | None = None, name: str 
 
 def _write_data(ws: Workspace, data) -> str:
     """A goal's context value as a file of goals/.data/ (str -> .txt, data -> .json); its workspace path."""
-    import json
     import secrets
 
-    if isinstance(data, str):
-        text, suffix = data, ".txt"
-    else:
-        try:
-            text, suffix = json.dumps(data, ensure_ascii=False), ".json"
-        except (TypeError, ValueError) as exc:
-            raise PrimefsError(f"the context must be text, JSON-able data or file paths: {exc}") from None
+    from primefs.store.session import context_files
+
+    try:
+        [(name, text)] = context_files(data).items()
+    except (TypeError, ValueError) as exc:
+        raise PrimefsError(f"the context must be text, JSON-able data or file paths: {exc}") from None
+    suffix = Path(name).suffix
     folder = ws.goals / DATA_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}{suffix}"

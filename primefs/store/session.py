@@ -154,6 +154,16 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
     return Session(final)
 
 
+def context_files(context) -> dict[str, str]:
+    """A context value as a session's files: str -> context.txt, other data -> context.json (None: none).
+    Data that is not JSON-able raises TypeError or ValueError."""
+    if context is None:
+        return {}
+    if isinstance(context, str):
+        return {"context.txt": context}
+    return {"context.json": json.dumps(context, ensure_ascii=False)}
+
+
 def list_sessions(sessions_dir: Path) -> list[Session]:
     if not sessions_dir.is_dir():
         return []
