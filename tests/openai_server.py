@@ -160,6 +160,10 @@ class ScriptServer:
         p = int(p) if p is not None else prompt_tokens(messages)
         c = int(c) if c is not None else estimate_tokens((content or "") + arguments)
         usage = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        if given.get("cached_tokens") is not None:  # as OpenAI reports a prompt-cache hit (part of prompt_tokens)
+            usage["prompt_tokens_details"] = {"cached_tokens": int(given["cached_tokens"])}
+        if given.get("cache_creation_input_tokens") is not None:  # as Anthropic-style servers add a cache write
+            usage["cache_creation_input_tokens"] = int(given["cache_creation_input_tokens"])
         return {"content": content, "tool_calls": tool_calls, "finish_reason": finish, "usage": usage}
 
 

@@ -57,14 +57,16 @@ def grow(ws, copies: int, parent: str | None = None) -> list[str]:
 
 def recount(folder: Path) -> tuple[dict, int]:
     """Own usage and turns, counted from every event of history.jsonl as docs/cli.md defines them."""
-    u = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "wall_s": 0.0, "cost_unknown_calls": 0,
-         "tool_calls": 0, "tools": {}}
+    u = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0,
+         "cost_usd": 0.0, "wall_s": 0.0, "cost_unknown_calls": 0, "tool_calls": 0, "tools": {}}
     turns = 0
     for e in iter_events(Path(folder) / "history.jsonl"):
         if e["type"] == "model_call":
             u["calls"] += 1
             u["input_tokens"] += e["input_tokens"]
             u["output_tokens"] += e["output_tokens"]
+            u["cache_read_tokens"] += e.get("cache_read_tokens", 0)  # in the event only when not 0
+            u["cache_write_tokens"] += e.get("cache_write_tokens", 0)
             u["cost_usd"] += e["cost_usd"]
             u["cost_unknown_calls"] += 0 if e["cost_known"] else 1
         elif e["type"] == "turn_end":

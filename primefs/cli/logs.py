@@ -13,6 +13,7 @@ from primefs.index.archived import sync_archives
 from primefs.index.db import Index
 from primefs.index.events import sync_events
 from primefs.index.find import find_events
+from primefs.views.events import cached_text
 from primefs.views.when import parse_when
 
 
@@ -35,7 +36,8 @@ def one_line(e: dict) -> str:
     """An event in a line: what `primefs log` says of it, shortened."""
     t = e.get("type")
     if t == "model_call":
-        return (f"{e.get('model')} ({e.get('purpose')}): {e.get('input_tokens')} in, {e.get('output_tokens')} out"
+        return (f"{e.get('model')} ({e.get('purpose')}): {e.get('input_tokens')} in{cached_text(e)}, "
+                f"{e.get('output_tokens')} out"
                 + (f", ${e['cost_usd']:.6f}" if e.get("cost_known") and isinstance(e.get("cost_usd"), (int, float)) else ""))
     if t in ("cell", "exec"):
         out = (e.get("error") or e.get("output") or "").strip()

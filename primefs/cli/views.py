@@ -215,12 +215,14 @@ def usage(ctx, session, as_json, as_tree):
 
     table = Table(box=None, header_style="bold")
     table.add_column("")
-    for f in ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s"):
+    cached = data["tree"]["cache_read_tokens"] or data["tree"]["cache_write_tokens"]  # a column only if any
+    for f in ("calls", "input_tokens", *(["cached r/w"] if cached else []), "output_tokens", "cost_usd", "wall_s"):
         table.add_column(f, justify="right")
     for label in ("own", "tree"):
         u = data[label]
-        table.add_row(label, str(u["calls"]), f"{u['input_tokens']:,}", f"{u['output_tokens']:,}",
-                      f"{u['cost_usd']:.6f}", f"{u['wall_s']:.2f}")
+        table.add_row(label, str(u["calls"]), f"{u['input_tokens']:,}",
+                      *([f"{u['cache_read_tokens']:,}/{u['cache_write_tokens']:,}"] if cached else []),
+                      f"{u['output_tokens']:,}", f"{u['cost_usd']:.6f}", f"{u['wall_s']:.2f}")
     print_table(table)
     tools = data["tree"]["tools"]
     if tools:

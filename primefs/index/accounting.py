@@ -15,8 +15,6 @@ from primefs.index.db import Entry, Index
 from primefs.store import summary as summaries
 from primefs.store.session import Session, subtree
 
-FIELDS = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
-
 
 def own_usage(session: Session) -> dict:
     return summaries.usage(session.summary())

@@ -196,6 +196,9 @@ class Index(Database):
             for k in ("usage", "last", "marks"):
                 if row.get(k) is not None:
                     row[k] = json.loads(row[k])
+            if isinstance(row.get("usage"), dict):  # a row stored before its usage counted cached tokens
+                for k in summaries.CACHE_FIELDS:
+                    row["usage"].setdefault(k, 0)
             out[row["id"]] = row
         return out
 

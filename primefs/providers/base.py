@@ -23,8 +23,10 @@ class ToolCall:
 class ModelReply:
     text: str
     tool_calls: list[ToolCall] = field(default_factory=list)
-    input_tokens: int = 0
+    input_tokens: int = 0  # every prompt token, the cached ones too (as litellm's prompt_tokens)
     output_tokens: int = 0
+    cache_read_tokens: int = 0  # of input_tokens: read from the provider's prompt cache
+    cache_write_tokens: int = 0  # of input_tokens: written to it (priced apart by some providers)
     cost_usd: float = 0.0
     cost_known: bool = False  # False: the provider had no price for this model; cost counted as 0
     model: str = ""

@@ -130,7 +130,24 @@ def _to_reply(litellm, response, model: str) -> ModelReply:
         tool_calls=calls,
         input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        **_cache_tokens(usage),
         cost_usd=cost,
         cost_known=known,
         model=getattr(response, "model", None) or model,
     )
+
+
+def _cache_tokens(usage) -> dict:
+    """Cached prompt tokens as litellm reports them: `prompt_tokens_details` (OpenAI's `cached_tokens`;
+    litellm puts Anthropic's and DeepSeek's there too), else Anthropic's own fields. Priced by
+    completion_cost already (the model map's cache_read/cache_creation prices)."""
+    details = getattr(usage, "prompt_tokens_details", None)
+
+    def first(*values) -> int:
+        return next((int(v) for v in values if isinstance(v, (int, float)) and v > 0), 0)
+
+    return {"cache_read_tokens": first(getattr(details, "cached_tokens", None),
+                                       getattr(usage, "cache_read_input_tokens", None)),
+            "cache_write_tokens": first(getattr(details, "cache_write_tokens", None),
+                                        getattr(details, "cache_creation_tokens", None),
+                                        getattr(usage, "cache_creation_input_tokens", None))}

@@ -68,6 +68,8 @@ class ScriptedProvider:
             tool_calls=calls,
             input_tokens=int(usage.get("input_tokens", prompt_tokens(messages))),
             output_tokens=int(usage.get("output_tokens", estimate_tokens(out))),
+            cache_read_tokens=int(usage.get("cache_read_tokens", 0)),
+            cache_write_tokens=int(usage.get("cache_write_tokens", 0)),
             cost_usd=float(reply.get("cost_usd", 0.0)),
             cost_known=True,  # a script's calls cost what it says: nothing, unless it sets cost_usd
             model=settings["model"],

@@ -123,7 +123,7 @@ class Runner:
         self.scheduler = Scheduler(self.bell, lambda: self.limits.max_concurrent_sessions,
                                    lambda sid: self.turns.work(sid), self.log)
         self.post = PostOffice(self.tree, self.bell, self.log, on_mail=lambda sid: self.turns.mail_arrived(sid))
-        self.goals = GoalControl(self.tree, conditions, ws.root, self.bell, lambda sid: self.turns.turns_of(sid))
+        self.goals = GoalControl(self.tree, conditions, ws, self.bell, lambda sid: self.turns.turns_of(sid))
         self.gateway = ModelGateway(ws, providers(self.pm), self.goals, self.bell, self.log)
         self.intake = Intake(ws, self.tree, self.scheduler, self.post, conditions, self.log)
         self.toolbox = ToolBox(ws, self.pm, self.log)

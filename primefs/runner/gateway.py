@@ -65,7 +65,8 @@ class ModelGateway:
             event = _record(agent, parent, "model_call", model=settings["model"], purpose=purpose,
                             **({"response_model": reply.model} if reply.model else {}),
                             **({"attempt": attempt + 1} if attempt else {}), input_tokens=reply.input_tokens,
-                            output_tokens=reply.output_tokens, cost_usd=reply.cost_usd, cost_known=reply.cost_known,
+                            output_tokens=reply.output_tokens, **_cached(reply), cost_usd=reply.cost_usd,
+                            cost_known=reply.cost_known,
                             latency_s=round(time.monotonic() - started, 4))
             self.goals.record_call(agent.session.id, event)
             return redacted(reply)
@@ -182,3 +183,9 @@ def _record(agent, parent, type: str, **fields) -> dict:
     event = agent.session.history.append(type, **fields)
     tracing.model_call(agent.session, event, parent)
     return event
+
+
+def _cached(reply: ModelReply) -> dict:
+    """A call's cached prompt tokens, in its event only when there were some (most calls have none)."""
+    return {k: v for k, v in (("cache_read_tokens", reply.cache_read_tokens),
+                              ("cache_write_tokens", reply.cache_write_tokens)) if v}

@@ -3,15 +3,15 @@
 A goal's front matter may carry `autonomous`, `budget: {turns, tokens, seconds, cost_usd}` and
 `end_conditions: [{name: arg}, ...]`; they are copied into the goal session's session.yaml.
 Budgets count the whole tree below the session that holds them (tokens = input + output of
-every model call, cost in USD, seconds of wall time since its first turn); `turns` counts the
-turns of the goal session itself. They are checked before every model call of every session
-in the tree. A stop for a limit never reports success: the status is `stopped`, with a reason.
+every model call, cached prompt tokens too unless limits.budget_tokens is "uncached"; cost in USD,
+seconds of wall time since its first turn); `turns` counts the turns of the goal session itself.
+They are checked before every model call of every session in the tree. A stop for a limit never
+reports success: the status is `stopped`, with a reason.
 """
 from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from primefs.errors import BudgetExhausted, SessionStopping
@@ -23,10 +23,10 @@ from primefs.store.summary import fold_call
 
 
 class GoalControl:
-    def __init__(self, tree: SessionTree, conditions: dict, root: Path, bell: Bell, turns_of: Callable[[str], int]):
+    def __init__(self, tree: SessionTree, conditions: dict, ws, bell: Bell, turns_of: Callable[[str], int]):
         self.tree = tree
         self.conditions = conditions
-        self.root = root
+        self.ws, self.root = ws, ws.root
         self.bell = bell
         self.turns_of = turns_of  # a session's turns so far (resumed turns are not new turns)
         self._own: dict[str, dict] = {}  # sid -> its usage (summary.py's), kept current by record_call
@@ -71,11 +71,14 @@ class GoalControl:
         return out
 
     def used(self, holder: str) -> dict:
+        # limits.budget_tokens "uncached": reads from a prompt cache are not counted (writes are)
+        uncached = self.ws.limits(self.tree.session(holder).meta.get("limits")).budget_tokens == "uncached"
         with self._lock:
             tokens = cost = 0.0
             for x in self.tree.subtree(holder):
                 u = self._own_usage(x)
-                tokens, cost = tokens + u["input_tokens"] + u["output_tokens"], cost + u["cost_usd"]
+                tokens += u["input_tokens"] + u["output_tokens"] - (u.get("cache_read_tokens", 0) if uncached else 0)
+                cost += u["cost_usd"]
         started = self.tree.session(holder).meta.get("started_ts")
         return {"turns": self.turns_of(holder), "tokens": int(tokens), "cost_usd": round(cost, 10),
                 "seconds": round(time.time() - started, 3) if started else 0.0}

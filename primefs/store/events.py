@@ -101,6 +101,8 @@ class ModelCall(Event, total=False):
     attempt: int
     input_tokens: int
     output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
     cost_usd: float
     cost_known: bool
     latency_s: float

@@ -34,6 +34,7 @@ LIMITS = {
     "tool_timeout_s":          (60,   "num", ABOVE_ZERO, 86400),
     "snapshot":                ("turn", ("turn", "idle", "off"), None, None),
     "snapshot_max_mb":         (256,  "num", ABOVE_ZERO, 1_000_000),
+    "budget_tokens":           ("all", ("all", "uncached"), None, None),  # uncached: cache reads not counted
 }
 DEFAULT_LIMITS = {k: v[0] for k, v in LIMITS.items()}
 
@@ -62,6 +63,7 @@ class Limits:
     tool_timeout_s: float
     snapshot: str
     snapshot_max_mb: float
+    budget_tokens: str
 
     @classmethod
     def of(cls, values: dict) -> "Limits":

@@ -43,8 +43,12 @@ META = ("name", "parent", "depth", "status", "stop_reason", "error", "model", "g
 
 
 def zero_usage() -> dict:
-    return {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "wall_s": 0.0,
-            "cost_unknown_calls": 0, "tool_calls": 0, "tools": {}}
+    return {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0,
+            "cost_usd": 0.0, "wall_s": 0.0, "cost_unknown_calls": 0, "tool_calls": 0, "tools": {}}
+
+
+# Counted since summaries had them: an older summary (or index row) lacks them, and its events had none.
+CACHE_FIELDS = ("cache_read_tokens", "cache_write_tokens")
 
 
 def empty(sid: str) -> dict:
@@ -92,6 +96,8 @@ def fold_call(u: dict, e: dict) -> None:
     u["calls"] += 1
     u["input_tokens"] += number(e.get("input_tokens"), int)
     u["output_tokens"] += number(e.get("output_tokens"), int)
+    for k in CACHE_FIELDS:
+        u[k] = u.get(k, 0) + number(e.get(k), int)
     u["cost_usd"] += number(e.get("cost_usd"))
     u["cost_unknown_calls"] += 0 if e.get("cost_known") else 1
 
@@ -99,6 +105,8 @@ def fold_call(u: dict, e: dict) -> None:
 def usage(s: dict) -> dict:
     """The usage object of `primefs usage` (docs/cli.md), rounded as shown."""
     u = copy.deepcopy(s["usage"])
+    for k in CACHE_FIELDS:
+        u.setdefault(k, 0)
     u["cost_usd"] = round(u["cost_usd"], 10)
     u["wall_s"] = round(u["wall_s"], 4)
     return u

@@ -213,6 +213,9 @@ def chat_span(sid: str, event: ModelCall | ModelErrorEvent) -> Spec:
     if event.get("type") == "model_call":
         attrs.update({"gen_ai.usage.input_tokens": number(event.get("input_tokens"), int),
                       "gen_ai.usage.output_tokens": number(event.get("output_tokens"), int),
+                      # semconv: both are parts of input_tokens
+                      "gen_ai.usage.cache_read.input_tokens": number(event.get("cache_read_tokens"), int),
+                      "gen_ai.usage.cache_creation.input_tokens": number(event.get("cache_write_tokens"), int),
                       "primefs.cost_usd": number(event.get("cost_usd")),
                       "primefs.cost_known": bool(event.get("cost_known"))})
         if event.get("response_model"):

@@ -122,7 +122,7 @@ class EventPrinter:
     def _model_call(self, e):
         cost = f", ${e['cost_usd']:.6f}" if e.get("cost_known") else ", cost unknown"
         self.head(e, f"model {e['model']} ({e['purpose']})", "dim",
-                  f"{e['input_tokens']:,} in, {e['output_tokens']:,} out, {e['latency_s']:.2f} s{cost}")
+                  f"{e['input_tokens']:,} in{cached_text(e)}, {e['output_tokens']:,} out, {e['latency_s']:.2f} s{cost}")
 
     def _step(self, e):
         """The model is asked for the next step (`run -v` only: never in history)."""
@@ -334,3 +334,11 @@ def print_events(out: Console, session, events: list[dict], names: dict[str, str
     if header:
         printer.header(session)
     printer.events(events)
+
+
+def cached_text(e: dict) -> str:
+    """" (800 cached, 300 cache writes)": what of a model call's input came from (or went to) the prompt
+    cache; "" for the calls that had none."""
+    parts = [f"{e[k]:,} {what}" for k, what in (("cache_read_tokens", "cached"), ("cache_write_tokens", "cache writes"))
+             if isinstance(e.get(k), int) and e[k]]
+    return f" ({', '.join(parts)})" if parts else ""

@@ -92,7 +92,8 @@ async def chat_completions(request: Request):
 
 def usage(u: dict) -> dict:
     return {"prompt_tokens": u["input_tokens"], "completion_tokens": u["output_tokens"],
-            "total_tokens": u["input_tokens"] + u["output_tokens"]}
+            "total_tokens": u["input_tokens"] + u["output_tokens"],
+            "prompt_tokens_details": {"cached_tokens": u.get("cache_read_tokens", 0)}}
 
 
 def extension(result) -> dict:

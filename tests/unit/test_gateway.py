@@ -30,7 +30,7 @@ class Parts:
     def __init__(self, ws, mock):
         self.ws, self.mock, self.log = ws, mock, []
         self.tree, self.bell = SessionTree(ws.sessions), Bell()
-        self.goals = GoalControl(self.tree, {}, ws.root, self.bell, lambda sid: 0)
+        self.goals = GoalControl(self.tree, {}, ws, self.bell, lambda sid: 0)
         self.gateway = ModelGateway(ws, mock_providers(ws, mock), self.goals, self.bell, self.log.append)
 
     def agent(self, name="s", model="mock/model", limits=None, **extra):

@@ -29,7 +29,7 @@ class Goals:
 
     def __init__(self, ws):
         self.ws, self.tree, self.bell, self.turns = ws, SessionTree(ws.sessions), Bell(), {}
-        self.ctl = GoalControl(self.tree, CONDITIONS, ws.root, self.bell, lambda sid: self.turns.get(sid, 0))
+        self.ctl = GoalControl(self.tree, CONDITIONS, ws, self.bell, lambda sid: self.turns.get(sid, 0))
 
     def session(self, name, parent=None, **extra):
         return new_session(self.ws, self.tree, name, parent=parent, **extra)

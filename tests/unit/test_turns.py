@@ -69,7 +69,7 @@ class Parts:
         self.tree, self.bell = SessionTree(ws.sessions), Bell()
         self.scheduler = Scheduler(self.bell, lambda: 2, lambda sid: self.turns.work(sid), self.log.append)
         self.post = PostOffice(self.tree, self.bell, self.log.append, on_mail=lambda sid: self.turns.mail_arrived(sid))
-        self.goals = GoalControl(self.tree, {"file_exists": file_exists}, ws.root, self.bell,
+        self.goals = GoalControl(self.tree, {"file_exists": file_exists}, ws, self.bell,
                                  lambda sid: self.turns.turns_of(sid))
         self.turns = Turns(ws, self.tree, self.post, self.scheduler, self.goals, self.bell, self.make_agent,
                            self.commit_hand_edits, self.log.append)
