@@ -229,9 +229,9 @@ class SessionHandle:
             time.sleep(POLL_S)
         left = [sid for sid in targets if (self._ws.sessions / sid / STOP_FILE).exists()]
         if left and timeout and not lock_held(self._ws):  # its runner ended before taking the request: stop here
-            request_stop(self._ws, left)
-            for sid in left:
-                (self._ws.sessions / sid / STOP_FILE).unlink(missing_ok=True)
+            for sid, (_, what) in zip(left, request_stop(self._ws, left)):
+                if what != "stop requested (the runner applies it)":  # a runner started meanwhile takes it
+                    (self._ws.sessions / sid / STOP_FILE).unlink(missing_ok=True)
 
 
 
