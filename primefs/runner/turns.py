@@ -90,7 +90,10 @@ class Turns:
         status = s.reload().get("status")
         agent.ensure_conversation()
         agent.resuming = False
-        if status == "stopped" or agent.stop_requested:
+        if status == "stopped":
+            return False
+        if agent.stop_requested:  # asked as its last turn ended (turns.stop): no step of a turn saw it
+            self._mark_stopped(s)
             return False
         if agent.turns == 0 and not s.events("task"):
             agent.record("task", text=s.task)
@@ -217,11 +220,14 @@ class Turns:
                 self.scheduler.queued.discard(sid)
         if running:
             agent = self.agent(sid)
-            agent.stop_requested = True
-            agent.kernel.interrupt()
-            self.bell.ring()
-            return
-        s = self.tree.session(sid)
+            agent.stop_requested = True  # set before the status is read: a turn ending after the read sees it
+            if agent.session.reload().get("status") == "running":  # a step of its turn takes it
+                agent.kernel.interrupt()
+                self.bell.ring()
+                return
+        self._mark_stopped(self.tree.session(sid))  # between turns: its worker may be winding down
+
+    def _mark_stopped(self, s: Session) -> None:
         if s.reload().get("status") != "stopped":
             s.set_status("stopped", stop_reason="stopped")
             self.report_to_parent(s, None)

@@ -264,3 +264,23 @@ def test_stopping_a_running_session_ends_its_turn_at_its_next_step(parts):
     parts.turns.stop(s.id)
     assert parts.bell.wait_until(parts.scheduler.idle, timeout=10)
     assert s.reload()["status"] == "stopped" and s.events("turn_end")[0]["outcome"] == "stopped"
+
+
+def test_a_stop_taken_as_a_turn_ends_idle_stops_the_session(parts):
+    """The flag set while the last step ends: no step sees it, the worker does before another turn."""
+    def stop_asked_at_the_end(agent):
+        agent.stop_requested = True
+        return agent.finish("ok", "idle")
+
+    s = parts.session("chat", stop_asked_at_the_end)
+    parts.post.deliver(s.id, sender="user", kind="user", text="more")  # it would take another turn
+    assert parts.turns.work(s.id) is False
+    assert s.reload()["status"] == "stopped" and len(s.events("turn_end")) == 1
+
+
+def test_stopping_a_session_whose_worker_still_winds_down_after_its_turn(parts):
+    s = parts.session("chat", answer("ok"))
+    assert parts.turns.work(s.id) is False and s.reload()["status"] == "idle"
+    parts.scheduler.active.add(s.id)  # its worker has not let go of its slot yet
+    parts.turns.stop(s.id)
+    assert s.reload()["status"] == "stopped"
