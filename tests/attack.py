@@ -20,7 +20,7 @@ from conftest import wait_for  # noqa: E402
 
 # Runs in the attacker's kernel. Each attempt is named; the result says what happened.
 ATTACK = r'''
-import ctypes, json, os, socket, signal
+import ctypes, json, os, socket, signal, subprocess, sys
 P = json.load(open(ATTACK_JSON))
 V, W, R = P["victim_dir"], P["workspace"], {}
 
@@ -92,6 +92,14 @@ attempt("the runtime folder", lambda: os.listdir(P["runtime"]))
 attempt("the runner's socket", lambda: os.stat(P["runtime"] + "/rpc.sock").st_ino)
 attempt("a host unix socket", lambda: socket.socket(socket.AF_UNIX).connect(P["host_socket"]))
 attempt("network", lambda: socket.create_connection(("127.0.0.1", P["tcp_port"]), timeout=2).close())
+# after the runtime folder's listing: `primefs approve` makes its folders in the kernel's own /tmp
+attempt("approve the victim's request (a live request)", lambda: write(f"{P['runtime']}/requests/y.json", json.dumps(
+    {"op": "approve", "session": P["victim_id"], "n": 1, "verdict": "approve", "by": "attacker"}), "w"))
+attempt("approve the victim's request (its file)",
+        lambda: write(f"{V}/approvals/1.md", "---\nstatus: approved\n---\n", "w"))
+attempt("approve the victim's request (primefs approve)", lambda: subprocess.run(
+    [sys.executable, "-m", "primefs", "-w", W, "approve", P["victim_id"], "1"], capture_output=True, text=True,
+    timeout=60).check_returncode())
 if P["sandbox"] == "on":  # unsandboxed as root these would really change the machine
     attempt("/proc/sys", lambda: write("/proc/sys/kernel/core_pattern", "|/bin/false", "w"))
     attempt("hostname", lambda: write("/proc/sys/kernel/hostname", "pwned", "w"))
@@ -143,6 +151,7 @@ def run_attack(folder: Path, sandbox: str) -> dict:
     (ws.root / "script.yaml").write_text(SCRIPT.format(attack_json=str(attack_json), attack_py=str(attack_py)))
     conf = load_yaml(ws.root / "primefs.yaml")
     conf["model"] = "scripted/script.yaml"
+    conf["approve"] = {"cells": [r"recv\(timeout=120\)"]}  # the victim waits for a yes: can another answer?
     if sandbox == "off":
         conf["sandbox"] = "off"
     (ws.root / "primefs.yaml").write_text(dump_yaml(conf))
@@ -163,8 +172,8 @@ def run_attack(folder: Path, sandbox: str) -> dict:
     try:
         write_goal(ws, "Victim waits", name="victim")
         victim = wait_for(lambda: next((s for s in list_sessions(ws.sessions) if s.name == "victim"), None))
-        try:
-            wait_for(lambda: victim.events("assistant"), what="the victim's cell")
+        try:  # its cell waits for a person's yes (the policy of primefs.yaml), its kernel up
+            wait_for(lambda: victim.reload().get("approval") == 1, what="the victim's cell waiting for approval")
         except AssertionError as exc:  # say what the runner and the session said
             raise AssertionError(f"{exc}: {lines} {victim.events()}") from None
         handle = wait_for(lambda: runner.turns.agents[victim.id].kernel.handle, what="the victim's kernel")
@@ -175,7 +184,7 @@ def run_attack(folder: Path, sandbox: str) -> dict:
         attack = {"victim_dir": str(victim.dir), "workspace": str(ws.root), "runtime": str(ws.runtime),
                   "victim_key_reversed": handle.client.info["key"][::-1], "template_pid": runner.host._server.pid,
                   "runner_pid": os.getpid(), "host_socket": host_socket, "tcp_port": tcp.getsockname()[1],
-                  "marker": str(marker), "sandbox": sandbox}
+                  "marker": str(marker), "sandbox": sandbox, "victim_id": victim.id}
         attack_json.write_text(json.dumps(attack))
         os.chmod(attack_json, 0o644)
         write_goal(ws, "Attack", name="attacker")
@@ -186,14 +195,18 @@ def run_attack(folder: Path, sandbox: str) -> dict:
         findings = json.loads(attacker.events("cell")[0]["output"])
         after = snapshot_files(ws, skip=("goals/attacker", f"sessions/{attacker.id}"))
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        from primefs.store import mail
+        from primefs.store import approvals, mail
+
+        approved_by = [e.get("by") for e in victim.events("approval")]  # before the person answers, below
+        if victim.reload().get("approval") == 1:
+            approvals.answer(ws, victim.id, 1, "approve", None, "cli", by="the person")
 
         mail.deliver(victim.mail, sender="user", to=victim.id, kind="user", text="wake up")
         wait_for(lambda: victim.read_result() == "victim done", 60, "the victim")
         if (ws.root / "goals" / "evil.md").exists():  # planted (no sandbox): the runner looks at it, and says
             wait_for(lambda: any("goals/evil.md" in ln for ln in lines), 30, "the planted goal looked at")
         victim_events = [e for e in victim.events() if e.get("type") in ("model_call", "message")]
-        result = {"findings": findings, "changed": changed, "lines": lines,
+        result = {"findings": findings, "changed": changed, "lines": lines, "approved_by": approved_by,
                 "victim_history_kept": (victim.dir / "history.jsonl").read_bytes().startswith(victim_history),
                 "victim_messages": [e.get("text") for e in victim_events if e["type"] == "message"],
                 "victim_cost": sum(e.get("cost_usd") or 0 for e in victim_events if e["type"] == "model_call"),

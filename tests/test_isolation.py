@@ -28,7 +28,8 @@ REFUSED_WITH_A_SANDBOX = [
     "own history", "a goal", "a plugin", "git config", "git hook", "a harness note", "primefs.yaml", "trust record",
     "a live request", "the runtime folder", "the runner's socket", "a host unix socket", "network", "/proc/sys",
     "hostname", "signal the runner", "see the runner's environment", "victim key in the template's memory",
-    "victim key in the runner's memory"]
+    "victim key in the runner's memory", "approve the victim's request (a live request)",
+    "approve the victim's request (its file)", "approve the victim's request (primefs approve)"]
 
 
 def assert_sandbox_held(r: dict, uid: int) -> None:
@@ -50,7 +51,7 @@ def assert_nothing_changed(r: dict) -> None:
     assert r["changed"] == [] and r["victim_history_kept"] and r["git_config_kept"] and r["rpc_inode_kept"]
     assert r["victim_messages"] == ["wake up"] and r["victim_cost"] == 0 and r["victim_budget"] is None
     assert r["victim_result"] == "victim done" and not r["marker"] and not r["evil_goal_taken"]
-    assert r["sessions"] == ["attacker", "victim"]
+    assert r["sessions"] == ["attacker", "victim"] and r["approved_by"] == []  # no answer but the person's
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the root runner's case")

@@ -309,3 +309,31 @@ def test_eval_chart_labels_are_whole_and_apart(sws, page, tmp_path):
             apart = (a["x"] + a["w"] <= b["x"] or b["x"] + b["w"] <= a["x"] or a["y"] + a["h"] <= b["y"]
                      or b["y"] + b["h"] <= a["y"])
             assert a is b or apart, (a, b)
+
+
+@pytest.mark.parametrize("verdict", ["approve", "deny"])
+def test_answer_an_approval_with_its_buttons(sws, page, tmp_path, verdict):
+    """The request appears on the open page (live), with its code; a button answers it, as the person."""
+    (sws.root / "script.yaml").write_text(
+        '- code: "print(\'gated-\' + str(6 * 7))"\n- text: "gated answer"\n')
+    ws = configure(sws, approve={"cells": ["gated-"]})
+    with served(ws.root) as url, BackgroundRunner(ws):
+        write_goal(ws, "Print it", name="gated")
+        s = wait_for(lambda: session_named(ws, "gated"), what="the session")
+        go(page, url, f"/s/{s.id}")
+        page.wait_for_selector("#approve-1", timeout=30000)
+        assert "gated-" in page.inner_text("#approval-1 pre") and "waiting: approval 1" in page.inner_text("#waiting")
+        shot(page, tmp_path, f"approval-{verdict}")
+        if verdict == "deny":
+            page.fill("#reason-1", "not that one")
+        page.click(f"#{verdict}-1")
+        said = {"approve": "approved", "deny": "denied"}[verdict]
+        assert f"Approval 1 {said}." in page.inner_text("#note")
+        if verdict == "approve":
+            page.wait_for_selector(".ev-cell >> text=gated-42", timeout=30000)
+        else:
+            page.wait_for_selector(".ev-cell >> text=not that one", timeout=30000)
+        page.wait_for_selector("#status.idle", timeout=30000)
+        assert page.locator(".approval").count() == 0
+    [answer] = s.events("approval")
+    assert answer["via"] == "web" and answer["verdict"] == said

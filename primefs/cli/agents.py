@@ -78,6 +78,8 @@ class AgentsView:
                 label += f" ({m['stop_reason']})"
             if status == "running" and not info["running"]:  # cut off by a runner that stopped
                 label = "interrupted"
+            elif m.get("approval"):  # a person's yes is needed: primefs approve
+                label = f"waiting: approval {m['approval']}"
             last = tr.last or {}
             kind = str(last.get("type") or "")
             if kind == "turn_end" and last.get("outcome"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -120,7 +121,8 @@ def attach(ctx, session, last):
     """Watch SESSION (id or name) live and talk to it: each line you type is mailed to it as `kind: user`.
 
     An idle or finished session takes a turn for each message (a runner must run: `primefs up`).
-    Replies show as they stream. Ctrl-D or Ctrl-C detaches (the session is not stopped).
+    Replies show as they stream. A session waiting for your yes is answered with a line `/approve [N]
+    [REASON]` or `/deny [N] REASON` (not mailed). Ctrl-D or Ctrl-C detaches (the session is not stopped).
     """
     ws = workspace(ctx)
     s = find_session(ws.sessions, session)
@@ -129,7 +131,7 @@ def attach(ctx, session, last):
     stop = threading.Event()
     problems: list[str] = []
     _say_attached(console, ws, s)
-    reader = threading.Thread(target=_read_typed_lines, args=(_mailer(s, notes), stop, problems),
+    reader = threading.Thread(target=_read_typed_lines, args=(_mailer(ws, s, notes), stop, problems),
                               name="primefs-attach-input", daemon=True)
     reader.start()
     try:
@@ -150,15 +152,32 @@ def _say_attached(console: Console, ws, s: Session) -> None:
                       "one starts (`primefs up`)", soft_wrap=True)
     if s.status == "stopped":
         console.print("[yellow]note:[/yellow] this session is stopped: it takes no more turns")
+    if s.meta.get("approval"):
+        console.print(f"[yellow]note:[/yellow] it waits for your yes to approval {s.meta['approval']}: type "
+                      f"/approve {s.meta['approval']} or /deny {s.meta['approval']} REASON", soft_wrap=True)
 
 
-def _mailer(s: Session, notes: Console):
-    """A function that mails one typed line (bytes) to the session, as `kind: user`; blank lines are not sent."""
+ANSWER_RE = re.compile(r"/(approve|deny)(?:\s+(\d{1,9}))?(?:\s+(.*\S))?\s*")
+
+
+def _mailer(ws, s: Session, notes: Console):
+    """A function that mails one typed line (bytes) to the session, as `kind: user`; blank lines are not sent.
+    `/approve [N] [REASON]` and `/deny [N] REASON` answer an approval the session waits for instead."""
+    from primefs.store import approvals
     from primefs.store.mail import deliver
 
     def send(raw: bytes) -> None:
         text = raw.decode("utf-8", "replace").rstrip("\r")
         if not text.strip():
+            return
+        answer = ANSWER_RE.fullmatch(text.strip())
+        if answer:
+            verdict, n, reason = answer.groups()
+            try:
+                done = approvals.answer(ws, s.id, int(n) if n else None, verdict, reason, "attach")
+                notes.print(f"approval {done['approval']}: {done['verdict']}", markup=False)
+            except PrimefsError as exc:
+                notes.print(f"[red]error:[/red] {escape(str(exc))}")
             return
         try:
             deliver(s.mail, sender="user", to=s.id, kind="user", text=text)

@@ -52,6 +52,7 @@ LAZY = {
     "ask": "session:ask", "wait": "session:wait", "result": "session:result",
     "exec": "session:exec_cmd", "kernel": "session:kernel_cmd",
     "up": "daemon:up", "down": "daemon:down", "runner": "daemon:runner_cmd",
+    "approve": "approvals:approve", "deny": "approvals:deny", "approvals": "approvals:approvals_cmd",
     "attach": "live:attach", "agents": "agents:agents", "tail": "live:follow_log", "acp": "acp:acp_cmd",
 }
 

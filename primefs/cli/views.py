@@ -20,7 +20,7 @@ def session_record(index: UsageIndex, sid: str) -> dict:
     if sid in index.broken:  # shown as broken, with why; its history still counts
         return {"id": sid, "name": None, "parent": None, "depth": 0, "status": "broken", "stop_reason": None,
                 "error": index.broken[sid], "model": None, "goal": None, "created": None, "updated": None,
-                "turns": None, "result": None, "node": None, "usage": index.own[sid], "tree_usage": index.tree(sid)}
+                "turns": None, "result": None, "node": None, "approval": None, "usage": index.own[sid], "tree_usage": index.tree(sid)}
     s = index.sessions[sid]
     m = s.meta
     return {"id": s.id, "name": m.get("name"), "parent": m.get("parent"), "depth": m.get("depth") or 0,
@@ -28,6 +28,7 @@ def session_record(index: UsageIndex, sid: str) -> dict:
             "model": m.get("model"), "goal": m.get("goal"), "created": m.get("created"),
             "updated": m.get("updated"), "turns": s.row["turns"], "result": s.row["result"],  # resumed: not new
             "node": m.get("node"),  # the Ray node of its kernel (None: this machine)
+            "approval": m.get("approval"),  # the approval it waits for (primefs approvals), or None
             "usage": index.own[sid], "tree_usage": index.tree(sid)}
 
 
@@ -77,6 +78,8 @@ def status_row(r: dict) -> Row:
     label = r["status"] + ("" if said else f" ({r['stop_reason']})")
     if r.get("interrupted"):
         label = "interrupted"
+    elif r.get("approval"):
+        label = f"waiting: approval {r['approval']}"
     detail = r["error"] if r["status"] in ("failed", "broken") else (r["result"] or r["goal"] or "")
     return Row(id=r["id"], name=r["name"] or r["id"], parent=r["parent"], status=r["status"], label=label,
                turns=r["turns"], tokens=tu["input_tokens"] + tu["output_tokens"], cost=tu["cost_usd"],

@@ -8,13 +8,13 @@ import sqlite3
 import threading
 from pathlib import Path
 
-VERSION = 6  # PRAGMA user_version: another version is dropped and rebuilt
+VERSION = 7  # PRAGMA user_version: another version is dropped and rebuilt
 FILE = "index.sqlite"
 SCHEMA = """
 CREATE TABLE sessions (
   key INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL,
   name TEXT, parent TEXT, depth INTEGER, status TEXT, stop_reason TEXT, error TEXT, model TEXT, goal TEXT,
-  created TEXT, updated TEXT, node TEXT,
+  created TEXT, updated TEXT, node TEXT, approval INTEGER,
   turns INTEGER, events INTEGER, usage TEXT, last TEXT, last_ts REAL, broken TEXT, result TEXT,
   keys TEXT,                              -- stat of history.jsonl, session.yaml, result.md the row came from
   place TEXT NOT NULL DEFAULT '',         -- '' for sessions/<id>/, else the archive file holding it

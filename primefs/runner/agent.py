@@ -17,6 +17,7 @@ from primefs.providers.models import key_files
 from primefs.runner.bell import Bell
 from primefs.runner.compaction import maybe_compact
 from primefs.runner.gateway import ModelGateway
+from primefs.runner.approvals import Approvals
 from primefs.runner.hooks import Hooks
 from primefs.runner.loops import LoopWatch
 from primefs.runner.postoffice import PostOffice
@@ -68,9 +69,10 @@ class Agent:
     """Live state of a session in the runner: its kernel, its conversation, its turn."""
 
     def __init__(self, session: Session, *, ws, tree: SessionTree, gateway: ModelGateway, post: PostOffice,
-                 host: KernelHost, bell: Bell, toolbox: ToolBox | None = None, hooks: Hooks | None = None):
+                 host: KernelHost, bell: Bell, toolbox: ToolBox | None = None, hooks: Hooks | None = None,
+                 approvals: Approvals | None = None):
         self.session, self.ws, self.tree, self.gateway, self.post, self.bell = session, ws, tree, gateway, post, bell
-        self.toolbox, self.hooks = toolbox, hooks
+        self.toolbox, self.hooks, self.approvals = toolbox, hooks, approvals
         meta = session.meta
         self.settings = ws.resolve_model(meta["model"])
         self.tool_mode = self.settings["tool_mode"]
@@ -277,6 +279,8 @@ class Agent:
         limit = self.limits.output_chars
         ran = []
         for k, (call_id, code, error) in enumerate(cells):
+            if not error and self.approvals is not None:
+                error = self.approvals.check_cell(self, code)  # None once a person said yes (if one must)
             if error:
                 ran.append(self.record("cell", call_id=call_id, code=code, error=error, shown=f"[error] {error}"))
                 continue

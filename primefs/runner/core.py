@@ -30,6 +30,7 @@ from primefs.runner.archiving import Archiving
 from primefs.runner.bell import Bell
 from primefs.runner.gateway import ModelGateway
 from primefs.runner.goalctl import GoalControl
+from primefs.runner.approvals import Approvals
 from primefs.runner.hooks import Hooks
 from primefs.runner.intake import Intake
 from primefs.runner.liverequests import LiveRequests
@@ -130,13 +131,15 @@ class Runner:
         self.hooks = Hooks(ws, self.log)
         self.turns = Turns(ws, self.tree, self.post, self.scheduler, self.goals, self.bell, self._make_agent,
                            self.intake.commit_hand_edits, self.log)
+        self.approvals = Approvals(ws, self.bell, self.scheduler, self.goals, self.hooks, self.log,
+                                   self.turns.commit_session)
         self.services = KernelServices(ws, self.tree, self.turns, self.post, self.scheduler, self.goals,
                                        self.intake, self.bell, self.toolbox)
         self.alive = Alive(ws, self.tree, self.intake, self.turns, self.scheduler, self.log,
                            apply_stop=self.apply_stop, apply_refine=self.apply_refine_request)
         self.intake.on_adopt = self.alive.wake
         self.archiving = Archiving(ws, self.scheduler, self.turns, self.alive, self.log)
-        self.requests = LiveRequests(ws, self.turns, self.log, archive=self.archiving.serve)
+        self.requests = LiveRequests(ws, self.turns, self.log, archive=self.archiving.serve, approvals=self.approvals)
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
@@ -151,8 +154,9 @@ class Runner:
             requests.revoke()
 
     def _make_agent(self, session: Session) -> Agent:
+        self.approvals.void_stale(session)  # what an earlier runner left waiting is asked again, if still needed
         return Agent(session, ws=self.ws, tree=self.tree, gateway=self.gateway, post=self.post, host=self.host,
-                     bell=self.bell, toolbox=self.toolbox, hooks=self.hooks)
+                     bell=self.bell, toolbox=self.toolbox, hooks=self.hooks, approvals=self.approvals)
 
     # -- what other code may ask ------------------------------------------------------------------
     def refine(self, sid: str, **request) -> dict:

@@ -35,6 +35,8 @@ class ModelGateway:
         """One model call for `agent` (its session, limits, settings). Raises ModelError after the
         last retry, BudgetExhausted or SessionStopping before a call that must not be paid for."""
         self.goals.before_model_call(agent)
+        if getattr(agent, "approvals", None) is not None:  # past a cost mark of approve.cost_usd: a person's yes
+            agent.approvals.check_cost(agent)
         settings = dict(settings or agent.settings)
         settings["workspace"] = str(self.ws.root)
         settings["_purpose"] = purpose

@@ -27,9 +27,10 @@ BUSY_WAIT_S = 60.0  # exec during a turn waits this long for the cells of the cu
 class LiveRequests:
     """The runner side."""
 
-    def __init__(self, ws, turns, log, *, archive):
-        """archive(request) -> reply: the runner's archiver (runner/core.py), called one at a time."""
-        self.ws, self.turns, self.log, self.archive = ws, turns, log, archive
+    def __init__(self, ws, turns, log, *, archive, approvals):
+        """archive(request) -> reply: the runner's archiver (runner/core.py), called one at a time.
+        approvals: the runner's approval gate (runner/approvals.py), which takes a person's answers."""
+        self.ws, self.turns, self.log, self.archive, self.approvals = ws, turns, log, archive, approvals
         self.archiving = threading.Lock()
         self.dir = requests_dir(ws)
         self.connected: set[str] = set()  # sessions whose kernel's connection file was handed out
@@ -90,10 +91,16 @@ class LiveRequests:
         if op == "archive":
             with self.archiving:
                 return self.archive(request)
-        if op not in ("exec", "kernel"):
+        if op not in ("exec", "kernel", "approve"):
             raise PrimefsError(f"unknown request {op!r}")
         if not isinstance(sid, str) or not NAME_RE.fullmatch(sid) or not self.turns.tree.knows(sid):
             raise PrimefsError(f"the runner does not know session {sid!r}")
+        if op == "approve":  # a person's answer (`primefs approve/deny`, attach, the web view)
+            n, reason = request.get("n"), request.get("reason")
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+                raise PrimefsError(f"an approval is named by its number, not {n!r}")
+            return self.approvals.answer(sid, n, request.get("verdict"), str(reason) if reason else None,
+                                         str(request.get("by") or "user")[:100], str(request.get("via") or "cli"))
         agent = self.turns.agent(sid)
         if op == "kernel":
             return self._with_kernel(agent, lambda: self._connection(agent))

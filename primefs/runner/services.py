@@ -88,6 +88,7 @@ class KernelServices:
         return True
 
     def op_tool(self, agent, name: str, args: list | None = None, kwargs: dict | None = None) -> dict:
+        agent.approvals.check_tool(agent, name, list(args or []), dict(kwargs or {}))
         return self.toolbox.call(agent, name, list(args or []), dict(kwargs or {}))
 
     def op_tools(self, agent) -> list[dict]:
@@ -135,6 +136,8 @@ class KernelServices:
             extra["tools"] = parent.meta["tools"]
         if "sandbox" in parent.meta:  # a goal's sandbox covers its whole tree
             extra["sandbox"] = parent.meta["sandbox"]
+        if parent.meta.get("approve"):  # and so does what it needs a yes for
+            extra["approve"] = parent.meta["approve"]
         if budget is not None:  # its own limits; its tokens and cost reserved of every budget above it
             extra["budget"] = check_budget(budget, "rlm(budget=...)")
             self.goals.left_for_child(parent.id, extra["budget"])
@@ -142,6 +145,7 @@ class KernelServices:
             extra["resources"] = check_resources(resources, "rlm(resources=...)")
         elif parent.meta.get("resources"):
             extra["resources"] = parent.meta["resources"]
+        agent.approvals.check_spawn(agent, n, str(task))  # past approve.children: a person says yes first
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
                                extra=extra, files=context_files(context))
         agent.record("spawn", child=child.id, name=name, model=model, task=task[:2000], agent=agent_spec)

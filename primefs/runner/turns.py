@@ -153,7 +153,7 @@ class Turns:
             end = agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status="running",
                                stop_reason=None)
             s.summary()
-            self._commit(s, f"turn {turn} interrupted")
+            self.commit_session(s, f"turn {turn} interrupted")
             return end
         if agent.pending_refine:
             request, agent.pending_refine = agent.pending_refine, None
@@ -173,10 +173,10 @@ class Turns:
             self.failed.add(s.id)
         self.report_to_parent(s, turn)
         self.commit_hand_edits()
-        self._commit(s, f"turn {turn} {outcome}")
+        self.commit_session(s, f"turn {turn} {outcome}")
         return end
 
-    def _commit(self, s: Session, what: str) -> None:
+    def commit_session(self, s: Session, what: str) -> None:
         if self.committer is None:
             return
         paths = [f"sessions/{s.id}"]

@@ -230,6 +230,23 @@ class Judge(Event, total=False):
     reason: str
 
 
+class ApprovalRequest(Event, total=False):
+    approval: Required[int]
+    kind: Literal["cell", "tool", "children", "cost"]
+    what: str
+    why: str
+    timeout_s: float | None
+    default: str
+
+
+class Approval(Event, total=False):
+    approval: Required[int]
+    verdict: Literal["approved", "denied", "void"]
+    by: str
+    via: str
+    reason: str | None
+
+
 class CompactionDone(Event, total=False):
     n_compaction: int
     tokens_after: int
@@ -242,7 +259,7 @@ EVENTS: dict[str, type] = {
     "error": ErrorEvent, "spawn": Spawn, "sent": Sent, "done_refused": DoneRefused, "end_conditions": EndConditions,
     "budget": Budget, "harness": Harness, "heartbeat_set": HeartbeatSet, "tool_call": ToolCall, "refine": Refine,
     "exec": Exec, "kernel_connect": KernelConnect, "compaction": Compaction, "compaction_done": CompactionDone,
-    "judge": Judge,
+    "judge": Judge, "approval_request": ApprovalRequest, "approval": Approval,
 }
 # On every event, whatever its type: (types, required). `ts` and `type` are checked by parse_event itself.
 COMMON: dict[str, tuple[tuple, bool]] = {"n": ((int,), False), "text": ((str, type(None)), False),

@@ -9,6 +9,7 @@ from pathlib import Path
 from primefs.errors import PrimefsError
 from primefs.store import frontmatter
 from primefs.store.fsutil import check_name, write_atomic, write_new
+from primefs.store.approvals import check_approve
 from primefs.store.heartbeat import from_spec
 from primefs.store.settings import (
     check_budget,
@@ -21,8 +22,8 @@ from primefs.store.settings import (
 from primefs.store.workspace import Workspace
 from primefs.tools.registry import check_selection
 
-GOAL_KEYS = {"model", "name", "context", "context_data", "limits", "autonomous", "budget", "end_conditions", "heartbeat", "tools",
-             "sandbox", "resources"}
+GOAL_KEYS = {"model", "name", "context", "context_data", "limits", "autonomous", "budget", "end_conditions",
+             "heartbeat", "tools", "sandbox", "resources", "approve"}
 MAX_CONTEXT_FILES = 10_000
 MAX_PATH_CHARS = 4096
 
@@ -113,7 +114,7 @@ def _goal_context(ws: Workspace, meta: dict, rel: str) -> list[str]:
 
 def _goal_control(ws: Workspace, meta: dict, rel: str, conditions: dict | None) -> dict:
     """Goal.control: what the front matter says of how the goal's session runs and ends (autonomous, budget,
-    end_conditions, tools, heartbeat, sandbox, resources), each checked; only the keys given."""
+    end_conditions, tools, heartbeat, sandbox, resources, approve), each checked; only the keys given."""
     control = {}
     if "autonomous" in meta:
         if not isinstance(meta["autonomous"], bool):
@@ -145,6 +146,8 @@ def _goal_control(ws: Workspace, meta: dict, rel: str, conditions: dict | None) 
                                f"which only a goal you trust may ask: run `primefs trust {rel}` if you wrote it")
     if meta.get("resources") is not None:  # what its kernels need from a node (hosts other than local)
         control["resources"] = check_resources(meta["resources"], f"{rel}: resources")
+    if meta.get("approve") is not None:  # what needs a person's yes, besides what primefs.yaml names
+        control["approve"] = check_approve(meta["approve"], rel)
     return control
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from primefs.errors import PrimefsError
+from primefs.store.approvals import check_approve
 from primefs.store.checks import ABOVE_ZERO, check_text, kind_of, number, short
 from primefs.store.hosts import check_hosts, check_resources, memory_bytes  # noqa: F401 - memory_bytes re-exported
 
@@ -156,6 +157,8 @@ def check_config(data, where: str = "primefs.yaml", root: Path | None = None) ->
         check_hosts(data["hosts"], where)
     if data.get("hooks") is not None:
         check_hooks(data["hooks"], where)
+    if data.get("approve") is not None:
+        check_approve(data["approve"], where)
     if data.get("kernel_connect") is not None and not isinstance(data["kernel_connect"], bool):
         raise PrimefsError(f"{where}: kernel_connect must be true or false")
     return data

@@ -39,7 +39,9 @@ from primefs.store.settings import check_session_meta
 FILE = "summary.json"
 VERSION = 1
 # What `status` shows of session.yaml (plus `id`): copied so a status needs no YAML parsing.
-META = ("name", "parent", "depth", "status", "stop_reason", "error", "model", "goal", "created", "updated", "node")
+# "approval": the number of the approval it waits for (runner/approvals.py), else absent
+META = ("name", "parent", "depth", "status", "stop_reason", "error", "model", "goal", "created", "updated", "node",
+        "approval")
 
 
 def zero_usage() -> dict:

@@ -46,6 +46,23 @@ def restored_text(e: dict) -> str:
     return back + (f"; not restored: {', '.join(missing)}" if missing else "")
 
 
+# Events shown as one line: type -> (label, style, rest) of EventPrinter.head
+ONE_LINE = {
+    "notice": lambda e: ("notice", "yellow", e["text"]),
+    "turn_start": lambda e: (f"turn {e['turn']} {'resumed' if e.get('resumed') else 'started'}", "dim", ""),
+    "budget": lambda e: ("budget", "red", f"{e['reason']}: {e['detail']}"),
+    "heartbeat_set": lambda e: ("heartbeat set", "yellow", f"{e['id']} {e['schedule']}: {e['prompt']}"),
+    "kernel_connect": lambda e: (f"kernel connection file handed to the {e.get('by', 'user')}", "yellow",
+                                 e.get("file", "")),
+    "approval_request": lambda e: (f"waits for approval {e['approval']}", "bold yellow",
+                                   f"{e.get('what')} ({e.get('why')}): primefs approve / deny (in attach: "
+                                   f"/approve {e['approval']} or /deny {e['approval']} REASON)"),
+    "approval": lambda e: (f"approval {e['approval']} {e.get('verdict')}",
+                           "green" if e.get("verdict") == "approved" else "yellow",
+                           f"by {e.get('by')} ({e.get('via')})" + (f": {e['reason']}" if e.get("reason") else "")),
+}
+
+
 class EventPrinter:
     def __init__(self, out: Console | None = None, names: dict[str, str] | None = None):
         self.out = out or console.out()
@@ -101,6 +118,9 @@ class EventPrinter:
 
     def event(self, e: dict) -> None:
         t = e.get("type")
+        if t in ONE_LINE:
+            self.head(e, *ONE_LINE[t](e))
+            return
         method = getattr(self, f"_{t}", None)
         if method is None:
             self.head(e, str(t), "dim", fields(e))
@@ -115,9 +135,6 @@ class EventPrinter:
         how = f" (read by {e['read_by']})" if e.get("read_by") else ""
         self.head(e, f"{e['kind']} from {self.who(e['from'])}{how}", "bold cyan")
         self.prose(e["text"])
-
-    def _notice(self, e):
-        self.head(e, "notice", "yellow", e["text"])
 
     def _model_call(self, e):
         cost = f", ${e['cost_usd']:.6f}" if e.get("cost_known") else ", cost unknown"
@@ -244,16 +261,11 @@ class EventPrinter:
             self.head(e, f"snapshot ({e['reason']})", "dim", f"{e['saved']} saved, {e['bytes']:,} bytes; left out: "
                                                              f"{', '.join(e.get('skipped') or []) or 'nothing'}")
 
-    def _turn_start(self, e):
-        self.head(e, f"turn {e['turn']} {'resumed' if e.get('resumed') else 'started'}", "dim")
-
     def _turn_end(self, e):
         why = f" ({e['stop_reason']})" if e.get("stop_reason") else ""
         self.head(e, f"turn {e['turn']} ended", "dim", f"{e['outcome']} in {e['elapsed_s']:.2f} s, status "
                                                       f"{e.get('status')}{why}")
 
-    def _budget(self, e):
-        self.head(e, "budget", "red", f"{e['reason']}: {e['detail']}")
 
     def _end_conditions(self, e):
         marks = ", ".join(f"{r['name']} {'passed' if r['passed'] else 'FAILED'}" for r in e.get("results", []))
@@ -267,9 +279,6 @@ class EventPrinter:
     def _harness(self, e):
         commit = f", commit {str(e['commit'])[:10]}" if e.get("commit") else ", no change"
         self.head(e, f"harness {e['op']}", "yellow", f"{e['kind']}/{e['name']} ({e['scope']}){commit}")
-
-    def _heartbeat_set(self, e):
-        self.head(e, "heartbeat set", "yellow", f"{e['id']} {e['schedule']}: {e['prompt']}")
 
     def _refine(self, e):
         if e.get("error"):
@@ -286,9 +295,6 @@ class EventPrinter:
         self.head(e, f"exec by {e.get('by', 'user')}", "bold magenta", took.strip())
         self.verbatim(e.get("code") or "", "cyan")
         self.verbatim((e.get("output") or "") + (("\n" + e["error"]) if e.get("error") else ""))
-
-    def _kernel_connect(self, e):
-        self.head(e, f"kernel connection file handed to the {e.get('by', 'user')}", "yellow", e.get("file", ""))
 
     def _tool_call(self, e):
         failed = f": {e['error']}" if e.get("error") else ""

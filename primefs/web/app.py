@@ -24,6 +24,7 @@ from starlette.staticfiles import StaticFiles
 from primefs.errors import PrimefsError
 from primefs.harness.entries import revert
 from primefs.index.db import descendants
+from primefs.store import approvals
 from primefs.store.control import request_stop
 from primefs.store.history import HistoryReader
 from primefs.store.mail import deliver
@@ -72,6 +73,8 @@ def _flash(request: Request) -> tuple[str | None, str | None]:
         return f"Delivered message {q['sent']}.", None
     if q.get("stopped", "").isdigit():
         return f"Stop requested for {q['stopped']} session(s).", None
+    if q.get("answered", "")[:9].isdigit() and q.get("verdict") in ("approved", "denied"):
+        return f"Approval {int(q['answered'][:9])} {q['verdict']}.", None
     return None, None
 
 
@@ -157,6 +160,25 @@ async def stop(request: Request):
     targets = [sid] + (await run_in_threadpool(descendants, state.ws, sid) if form.get("tree") else [])
     done = await run_in_threadpool(request_stop, state.ws, targets)
     return RedirectResponse(f"/s/{sid}?stopped={len(done)}", 303)
+
+
+async def answer_approval(request: Request):
+    """An Approve or Deny button of a request the session waits for (handed to the runner, as the CLI does)."""
+    state: State = request.app.state.pf
+    form = await checked_form(request)
+    sid, n = request.path_params["sid"], request.path_params["n"]
+    n = int(n) if n.isascii() and n.isdigit() and len(n) < 10 else None
+    if not pages.valid_sid(sid) or n is None or not (state.ws.sessions / sid / "session.yaml").is_file():
+        raise HTTPException(404, "no such approval")
+    verdict = str(form.get("verdict") or "")
+    if verdict not in approvals.VERDICTS:
+        raise HTTPException(400, "the verdict is approve or deny")
+    try:
+        done = await run_in_threadpool(approvals.answer, state.ws, sid, n, verdict,
+                                       str(form.get("reason") or "")[:2000] or None, "web")
+    except PrimefsError as exc:  # it no longer waits, no runner: say why, on the page
+        return _message(request, "Not answered", str(exc), 409)
+    return RedirectResponse(f"/s/{sid}?answered={n}&verdict={done['verdict']}", 303)
 
 
 async def revert_commit(request: Request):
@@ -248,7 +270,7 @@ def session_events(request: Request):
             out.append(_patch("events", str(html), "append", reader.pos))
         if version != last["version"]:
             last["version"] = version
-            html = state.renderer.page("_session_head.html", **pages.session_head(state, sid))
+            html = state.renderer.page("_session_head.html", csrf=state.csrf, **pages.session_head(state, sid))
             if html != last["head"]:
                 last["head"] = html
                 out.append(_patch("head", html))
@@ -268,6 +290,7 @@ def make_app(ws, token: str, *, port: int, allowed_hosts: set[str] | None, eval_
         Route("/s/{sid}", session),
         Route("/s/{sid}/mail", send_mail, methods=["POST"]),
         Route("/s/{sid}/stop", stop, methods=["POST"]),
+        Route("/s/{sid}/approvals/{n}", answer_approval, methods=["POST"]),
         Route("/usage", usage),
         Route("/harness", harness),
         Route("/harness/c/{sha}", commit),

@@ -196,7 +196,8 @@ class WorkspaceIndex:
         meta, track = self.meta[sid], self.tracks[sid]
         state = self.runner.get("state") or {}
         status = meta.get("status") or "pending"
-        flag = ("wait" if sid in (state.get("waiting_sessions") or []) else
+        flag = (f"waiting: approval {meta['approval']}" if meta.get("approval") else
+                "wait" if sid in (state.get("waiting_sessions") or []) else
                 "queued" if sid in (state.get("queued_sessions") or []) else None)
         kernel = track.kernel or {}
         live = kernel.get("pid") in (state.get("kernel_pids") or []) if kernel else False

@@ -6,7 +6,9 @@ import subprocess
 from collections import Counter
 
 from primefs.harness.commits import HarnessGit
+from primefs.errors import PrimefsError
 from primefs.harness.entries import Harness
+from primefs.store import approvals
 from primefs.store.fsutil import NAME_RE
 from primefs.store.gitops import git_env
 from primefs.store.mail import new_files
@@ -58,7 +60,18 @@ def session_head(state, sid: str) -> dict:
                 "problem": index.problems.get(sid), "row": index.row(sid) if known else None, "names": index.names,
                 "children": [{"id": c, "name": index.names.get(c, c), "status": index.meta[c].get("status")}
                              for c in kids]}
-    return {**head, "result": s.read_result(), "pending": len(new_files(s.mail))}
+    return {**head, "result": s.read_result(), "pending": len(new_files(s.mail)), "approvals": _waiting(s)}
+
+
+def _waiting(s: Session) -> list[dict]:
+    """The session's approval requests that wait, with the code each shows (the forms to answer them)."""
+    out = []
+    for meta in approvals.listing(s.dir, waiting_only=True):
+        try:
+            out.append({**meta, "code": approvals.code_of(approvals.read(s.dir, meta["n"])[1])})
+        except PrimefsError:
+            continue  # changed meanwhile
+    return out
 
 
 def session_page(state, sid: str, before: int | None) -> dict | None:
