@@ -98,6 +98,14 @@ def test_bad_limits_are_one_line_naming_key_and_range(ws, limits, said):
         Workspace(ws.root).limits()
 
 
+def test_an_unknown_top_level_key_of_primefs_yaml_is_an_error_naming_it(ws):
+    with (ws.root / "primefs.yaml").open("a") as f:
+        f.write("modle: gpt\n")  # misspelt: not silently a default model never set
+    r = cli(ws, "run", "--once")
+    assert r.returncode == 1 and "primefs.yaml: unknown key(s) modle (known: model, models," in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_alias_names_are_one_printable_line(ws):
     from primefs.store.settings import check_config
 

@@ -127,12 +127,18 @@ def check_hooks(value, where: str) -> None:
                                        f"at most 3600, not {t!r}")
 
 
+CONFIG_KEYS = ("model", "models", "limits", "sandbox", "mcp_servers", "hosts", "hooks", "approve", "kernel_connect")
+
+
 def check_config(data, where: str = "primefs.yaml", root: Path | None = None) -> dict:
-    """The whole primefs.yaml: a mapping; model, models, limits, mcp_servers and sandbox well formed."""
+    """The whole primefs.yaml: a mapping of CONFIG_KEYS, each well formed."""
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise PrimefsError(f"{where}: must be a YAML mapping (key: value lines)")
+    unknown = sorted(str(k) for k in data if k not in CONFIG_KEYS)
+    if unknown:  # a misspelt key would otherwise be a setting silently not in force
+        raise PrimefsError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(CONFIG_KEYS)})")
     if data.get("model") is not None:
         check_text(data["model"], f"{where}: model", 256)
     models = data.get("models")
