@@ -24,7 +24,7 @@ from primefs.runner.postoffice import PostOffice
 from primefs.runner.prompt import system_prompt
 from primefs.runner.toolbox import ToolBox
 from primefs.runner.tree import SessionTree
-from primefs.store import livefeed, trust
+from primefs.store import livefeed, trust, worktrees
 from primefs.store.conversation import code_of_call, fenced_code, rebuild, to_messages
 from primefs.store.session import Session
 from primefs.store.settings import Limits, check_sandbox
@@ -201,6 +201,7 @@ class Agent:
                 spec, role = None, f"(the subagent spec {meta['agent']!r} is broken: {exc})"
             if spec is not None:
                 role = spec.body
+        role = "\n\n".join(x for x in (role, worktrees.note({**meta, "id": self.session.id})) if x) or None
         entries = harness.list(sessions=chain)
         for e in entries:  # broken harness files: skipped, and said once in this session's log
             if e.problem:

@@ -21,7 +21,7 @@ from primefs.runner.scheduler import Scheduler
 from primefs.runner.toolbox import ToolBox
 from primefs.runner.tree import SessionTree
 from primefs.runner.turns import Turns
-from primefs.store import mail, redact
+from primefs.store import mail, redact, worktrees
 from primefs.store.fsutil import check_name
 from primefs.store.session import Session, context_files, create_session
 from primefs.store.settings import FINISHED, check_budget, check_resources
@@ -100,7 +100,7 @@ class KernelServices:
 
     # -- children ---------------------------------------------------------------------------------
     def op_spawn(self, agent, task: str, name=None, model=None, context=None, agent_spec=None,
-                 resources=None, budget=None) -> dict:
+                 resources=None, budget=None, worktree=None) -> dict:
         parent = agent.session
         depth = int(parent.meta.get("depth") or 0) + 1
         max_depth = agent.limits.max_depth
@@ -127,8 +127,8 @@ class KernelServices:
             if "tools" in spec.meta:  # the spec's own selection, else the parent's (below)
                 wanted = check_selection(spec.meta["tools"], f"subagent spec {agent_spec}")
                 pf = spec.meta.get("primefs") if isinstance(spec.meta.get("primefs"), dict) else {}
-                extra["tools"] = self._within_parent(parent, wanted) if pf.get("source") in WRITTEN_BY_KERNELS \
-                    else wanted
+                extra["tools"] = within_parent(self.toolbox, parent, wanted) \
+                    if pf.get("source") in WRITTEN_BY_KERNELS else wanted
         self.ws.resolve_model(model)  # unknown model: error in the cell, nothing created
         if parent.meta.get("limits"):
             extra["limits"] = parent.meta["limits"]
@@ -145,6 +145,8 @@ class KernelServices:
             extra["resources"] = check_resources(resources, "rlm(resources=...)")
         elif parent.meta.get("resources"):
             extra["resources"] = parent.meta["resources"]
+        if worktree is not None:  # made by the runner at the child's first turn (store/worktrees.py)
+            extra["worktree"] = worktrees.check_repo(self.ws, worktree, "rlm(worktree=...)")
         agent.approvals.check_spawn(agent, n, str(task))  # past approve.children: a person says yes first
         child = create_session(self.ws.sessions, task=task, name=name, model=model, parent=parent.id, depth=depth,
                                extra=extra, files=context_files(context))
@@ -153,15 +155,6 @@ class KernelServices:
         self.intake.adopt(child)
         return {"id": child.id, "name": name}
 
-    def _within_parent(self, parent: Session, wanted):
-        """A kernel-written spec's tool selection, cut to the tools its parent has: a spec a kernel wrote
-        through the harness never gives its child a tool the person did not give the parent (a person's
-        spec may)."""
-        if parent.meta.get("tools") is None:
-            return wanted
-        allowed = {t.name for t in self.toolbox.for_session(parent.meta["tools"])[0]}
-        return sorted(t.name for t in self.toolbox.for_session(wanted)[0] if t.name in allowed)
-
     def _child(self, agent, child: str) -> Session:
         if not isinstance(child, str) or self.tree.parent(child) != agent.session.id:
             raise LookupError(f"{child!r} is not a child of this session")
@@ -169,7 +162,8 @@ class KernelServices:
 
     def op_child_status(self, agent, child: str) -> dict:
         s = self._child(agent, child)
-        return {"status": s.reload().get("status"), "result": s.read_result()}
+        meta = s.reload()
+        return {"status": meta.get("status"), "result": s.read_result(), "worktree": worktrees.shown(meta)}
 
     def op_wait(self, agent, child: str, timeout: float | None = None) -> str:
         s = self._child(agent, child)
@@ -283,6 +277,16 @@ class KernelServices:
             if self.bell.stopping or agent.stop_requested:
                 raise RuntimeError("recv() interrupted: the session or the runner is stopping")
             self.post.wait(0.5 if left is None else min(0.5, left))
+
+
+def within_parent(toolbox: ToolBox, parent: Session, wanted):
+    """A kernel-written spec's tool selection, cut to the tools its parent has: a spec a kernel wrote
+    through the harness never gives its child a tool the person did not give the parent (a person's
+    spec may)."""
+    if parent.meta.get("tools") is None:
+        return wanted
+    allowed = {t.name for t in toolbox.for_session(parent.meta["tools"])[0]}
+    return sorted(t.name for t in toolbox.for_session(wanted)[0] if t.name in allowed)
 
 
 def _entry(e, body: bool = False) -> dict:

@@ -3,12 +3,16 @@ turn after a runner restart, an autonomous goal going on), how a turn ends (the 
 result mail to the parent, a snapshot, a commit), stops, and which idle sessions keep a kernel."""
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from primefs.errors import PrimefsError
 from primefs.harness.refine import run_refine
+from primefs.kernels.boxes import give
 from primefs.kernels.client import close_thread_loop
 from primefs.runner.agent import Agent
 from primefs.runner.bell import Bell
@@ -20,6 +24,7 @@ from primefs.runner.tree import SessionTree
 from primefs.store.conversation import INTERRUPTED, RESUMED, fenced_code
 from primefs.store.gitops import Committer, Mark
 from primefs.store.history import latest_events
+from primefs.store import worktrees
 from primefs.store.session import Session
 from primefs.tracing import spans as tracing
 
@@ -136,6 +141,11 @@ class Turns:
         s = agent.session
         if not s.meta.get("started_ts"):
             s.update(started_ts=time.time())  # the seconds budget counts from here
+        if s.meta.get("worktree"):  # its git worktree: made at its first turn, again if removed since
+            made = Path(worktrees.ensure(self.ws, s)["path"])
+            room = os.lstat(made.parent)
+            if room.st_uid != os.getuid():  # a root runner's sandboxed kernel, nobody, has its room: this too
+                give(made, room.st_uid, room.st_gid)
         s.set_status("running", stop_reason=None)
         start = agent.record("turn_start", turn=agent.turns, model=agent.settings["model"],
                              **({"resumed": True} if resumed else {}))
@@ -171,10 +181,21 @@ class Turns:
                 agent.hooks.fire("session_end", s, end)
         if s.status == "failed":
             self.failed.add(s.id)
+        if s.meta.get("worktree"):  # what it changed there: committed on its branch, listed for its parent
+            self._settle_worktree(s, turn)
         self.report_to_parent(s, turn)
         self.commit_hand_edits()
         self.commit_session(s, f"turn {turn} {outcome}")
         return end
+
+    def _settle_worktree(self, s: Session, turn: int) -> None:
+        parent = s.meta.get("parent")
+        try:
+            worktrees.settle(s, turn, [self.tree.session(c) for c in self.tree.children(parent)] if parent else [])
+        except (OSError, PrimefsError, subprocess.CalledProcessError) as exc:  # the repo moved, a git error
+            text = f"worktree: {getattr(exc, 'stderr', None) or exc}".strip()[:2000]
+            s.history.append("warning", text=text)
+            self.log(f"warning: {s.id}: {text}")
 
     def commit_session(self, s: Session, what: str) -> None:
         if self.committer is None:
@@ -194,7 +215,8 @@ class Turns:
             return
         result = s.read_result() if s.meta.get("stop_reason") in ("answered", "done") else None
         text = result if result is not None else f"(no result: {s.meta.get('error') or s.meta.get('stop_reason')})"
-        self.post.deliver(parent, sender=s.id, kind="result", text=text,
+        worktree = worktrees.summary(s.meta.get("worktree"))  # its branch and the files changed there
+        self.post.deliver(parent, sender=s.id, kind="result", text=text + (f"\n\n{worktree}" if worktree else ""),
                           extra={"child": s.id, "name": s.name, "status": s.status, "turn": turn})
 
     def refine(self, agent: Agent, **request) -> dict:

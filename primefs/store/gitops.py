@@ -47,9 +47,10 @@ def _clear_stale_index_lock(root: Path) -> None:
         pass
 
 
-def git(root: Path, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+def git(root: Path, *args: str, check: bool = True, input: str | None = None,
+        env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=check,
-                          env=git_env(), input=input)
+                          env={**git_env(), **(env or {})}, input=input)
 
 
 # Runtime files (kernel snapshots, summaries, temp files of writes cut off by a crash) are ignored by
@@ -58,7 +59,8 @@ def git(root: Path, *args: str, check: bool = True, input: str | None = None) ->
 # add` fail). Harness files get their own commits with provenance trailers (harness.py), never a turn
 # commit: excluded per session folder, as a glob over sessions/*/ makes `git add` walk every
 # session's folder (0.17 s instead of 0.03 s at 10,000 sessions).
-RUNTIME = ("sessions/*/kernel/", "sessions/*/summary.json", "sessions/**/.*.tmp")
+RUNTIME = ("sessions/*/kernel/", "sessions/*/summary.json", "sessions/**/.*.tmp",
+           "sessions/*/work/worktree/")  # a worktree of another repository (worktrees.py): its work is there
 
 
 def pathspec(paths: list[str], harness: bool = False) -> list[str]:
@@ -88,38 +90,50 @@ def ignore_runtime(root: Path) -> None:
 # would make it read anything the runner may (as root: anything). So rooms are never given to `git add`:
 # they are read here through folder descriptors (fsutil.walk_tree), their blobs written to the object
 # store, their entries put in the index; no filter or attribute of git applies to them.
-_BLOBS: dict[tuple, str] = {}  # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha: unchanged files not read again
+_BLOBS: dict[tuple, str] = {}  # (objects, path, dev, ino, size, mtime_ns, ctime_ns) -> sha: unchanged files not read
 
 
 def rooms_of(paths: list[str]) -> list[str]:
     return [f"{p}/work" for p in paths if p.startswith("sessions/") and p.count("/") == 1]
 
 
-def room_entries(root: Path, rooms: list[str]) -> list[str]:
-    """`git update-index --index-info` lines that make the index hold these rooms as they are now."""
+def blob_entries(objects_dir: Path, folder: Path, prefix: str, skip: tuple = ()) -> dict[str, str]:
+    """{path: "mode sha"} of the files and links below `folder` (paths `prefix` + their path in it), read
+    through folder descriptors (never through a link: a live kernel may be changing the folder), their
+    blobs written into `objects_dir`. Top-level names in `skip` are left out."""
     from gitdb import IStream, LooseObjectDB
 
-    objects = LooseObjectDB(str(Path(root) / git(root, "rev-parse", "--git-path", "objects").stdout.strip()))
+    objects = LooseObjectDB(str(objects_dir))
+    found: dict[str, str] = {}
+    for rel, kind, st, value in walk_tree(folder) if folder.is_dir() else []:
+        if rel.split("/", 1)[0] in skip:
+            continue
+        path = prefix + rel
+        if kind == "link":
+            data = os.fsencode(value)
+            sha = objects.store(IStream(b"blob", len(data), io.BytesIO(data))).binsha.hex()
+            found[path] = f"120000 {sha}"
+        elif kind == "file":
+            key = (str(objects_dir), path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            sha = _BLOBS.get(key)
+            if sha is None:
+                try:
+                    with value() as f:
+                        size = os.fstat(f.fileno()).st_size
+                        sha = objects.store(IStream(b"blob", size, f)).binsha.hex()
+                except OSError:
+                    continue  # gone, or swapped for something that is not a file
+                _BLOBS[key] = sha
+            found[path] = f"{'100755' if st.st_mode & 0o111 else '100644'} {sha}"
+    return found
+
+
+def room_entries(root: Path, rooms: list[str]) -> list[str]:
+    """`git update-index --index-info` lines that make the index hold these rooms as they are now."""
+    objects = Path(root) / git(root, "rev-parse", "--git-path", "objects").stdout.strip()
     found: dict[str, str] = {}
     for room in rooms:
-        for rel, kind, st, value in walk_tree(Path(root) / room) if (Path(root) / room).is_dir() else []:
-            path = f"{room}/{rel}"
-            if kind == "link":
-                data = os.fsencode(value)
-                sha = objects.store(IStream(b"blob", len(data), io.BytesIO(data))).binsha.hex()
-                found[path] = f"120000 {sha}"
-            elif kind == "file":
-                key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                sha = _BLOBS.get(key)
-                if sha is None:
-                    try:
-                        with value() as f:
-                            size = os.fstat(f.fileno()).st_size
-                            sha = objects.store(IStream(b"blob", size, f)).binsha.hex()
-                    except OSError:
-                        continue  # gone, or swapped for something that is not a file
-                    _BLOBS[key] = sha
-                found[path] = f"{'100755' if st.st_mode & 0o111 else '100644'} {sha}"
+        found.update(blob_entries(objects, Path(root) / room, f"{room}/"))
     if found:  # what .gitignore leaves out (as `git add` would); tracked files stay
         ignored = git(root, "check-ignore", "-z", "--stdin", input="".join(p + "\0" for p in found),
                       check=False).stdout.split("\0")

@@ -20,10 +20,11 @@ from primefs.store.settings import (
     kind_of,
 )
 from primefs.store.workspace import Workspace
+from primefs.store.worktrees import check_repo
 from primefs.tools.registry import check_selection
 
 GOAL_KEYS = {"model", "name", "context", "context_data", "limits", "autonomous", "budget", "end_conditions",
-             "heartbeat", "tools", "sandbox", "resources", "approve"}
+             "heartbeat", "tools", "sandbox", "resources", "approve", "worktree"}
 MAX_CONTEXT_FILES = 10_000
 MAX_PATH_CHARS = 4096
 
@@ -114,7 +115,7 @@ def _goal_context(ws: Workspace, meta: dict, rel: str) -> list[str]:
 
 def _goal_control(ws: Workspace, meta: dict, rel: str, conditions: dict | None) -> dict:
     """Goal.control: what the front matter says of how the goal's session runs and ends (autonomous, budget,
-    end_conditions, tools, heartbeat, sandbox, resources, approve), each checked; only the keys given."""
+    end_conditions, tools, heartbeat, sandbox, resources, approve, worktree), each checked; only the keys given."""
     control = {}
     if "autonomous" in meta:
         if not isinstance(meta["autonomous"], bool):
@@ -148,6 +149,8 @@ def _goal_control(ws: Workspace, meta: dict, rel: str, conditions: dict | None) 
         control["resources"] = check_resources(meta["resources"], f"{rel}: resources")
     if meta.get("approve") is not None:  # what needs a person's yes, besides what primefs.yaml names
         control["approve"] = check_approve(meta["approve"], rel)
+    if meta.get("worktree") is not None:  # its own git worktree of this repository (made at its first turn)
+        control["worktree"] = check_repo(ws, meta["worktree"], f"{rel}: worktree")
     return control
 
 

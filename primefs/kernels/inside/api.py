@@ -77,6 +77,12 @@ class Handle:
     def result(self) -> str | None:
         return self._link("child_status", child=self.id)["result"]
 
+    @property
+    def worktree(self) -> dict | None:
+        """With rlm(worktree=...): {repo, branch, path, changed, overlaps, removed} as of its last turn end
+        (`changed`: files changed on its branch; `overlaps`: {sibling id: files it changed too})."""
+        return self._link("child_status", child=self.id)["worktree"]
+
     def wait(self, timeout: float | None = None) -> str:
         """Block until the child's turn ends; return its result. Raises ChildFailed or TimeoutError."""
         return self._link("wait", child=self.id, timeout=timeout)
@@ -262,13 +268,16 @@ def _model_calls(link: _Link) -> dict:
         return link("llm_batch", prompts=[str(p) for p in prompts], model=model)
 
     def rlm(task: str, *, name: str | None = None, model: str | None = None, context=None,
-            agent: str | None = None, resources: dict | None = None, budget: dict | None = None) -> Handle:
+            agent: str | None = None, resources: dict | None = None, budget: dict | None = None,
+            worktree: str | None = None) -> Handle:
         """Start a child session on `task` and return its Handle at once (never waits).
 
         `context` (str, or JSON-able dict/list) becomes the child's `context` variable.
         `resources` ({num_cpus, num_gpus, memory, custom}: what its kernel needs; default: this session's).
         `budget` ({tokens, cost_usd, turns, seconds}): the child's and its descendants' own limits; its
         tokens and cost are reserved of this session's budget while the child runs.
+        `worktree` (a git repository's path, workspace-relative or absolute): the child works in its own
+        worktree of it, on a new branch (Handle.worktree: the branch and the files it changed).
         """
         if context is not None and not isinstance(context, str):
             try:
@@ -276,7 +285,7 @@ def _model_calls(link: _Link) -> dict:
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"rlm(context=...) must be str or JSON-able data: {exc}") from None
         info = link("spawn", task=str(task), name=name, model=model, context=context, agent=agent,
-                    resources=resources, budget=budget)
+                    resources=resources, budget=budget, worktree=worktree)
         return Handle(link, info["id"], info["name"])
 
     def wait_all(handles: list[Handle], timeout: float | None = None) -> list[str]:
