@@ -14,10 +14,10 @@ from primefs.kernels.local import kernel_env
 from primefs.kernels.session_kernel import SessionKernel
 from primefs.providers.base import PYTHON_TOOL, ModelError
 from primefs.providers.models import key_files
+from primefs.runner.approvals import Approvals
 from primefs.runner.bell import Bell
 from primefs.runner.compaction import maybe_compact
 from primefs.runner.gateway import ModelGateway
-from primefs.runner.approvals import Approvals
 from primefs.runner.hooks import Hooks
 from primefs.runner.loops import LoopWatch
 from primefs.runner.postoffice import PostOffice

@@ -177,8 +177,10 @@ class Approvals:
                 "session asks again if it still needs it)")
 
     def void_stale(self, session) -> None:
-        """A new runner's first look at a session: requests an earlier runner left waiting are void."""
-        for meta in files.listing(session.dir, waiting_only=True):
+        """A runner's first look at a session: requests an earlier runner left waiting are void."""
+        with self.bell.cond:
+            live = {n for (sid, n) in self.answers if sid == session.id}  # this runner's own still wait
+        for meta in [m for m in files.listing(session.dir, waiting_only=True) if m["n"] not in live]:
             self._close(session, meta["n"], {"verdict": "void", "by": "runner", "via": "runner",
                                              "reason": "the runner that asked it stopped"}, session.history.append)
 

@@ -26,11 +26,11 @@ from primefs.plugins import end_conditions, plugin_manager, providers
 from primefs.runner import warmup
 from primefs.runner.agent import Agent
 from primefs.runner.alive import Alive
+from primefs.runner.approvals import Approvals
 from primefs.runner.archiving import Archiving
 from primefs.runner.bell import Bell
 from primefs.runner.gateway import ModelGateway
 from primefs.runner.goalctl import GoalControl
-from primefs.runner.approvals import Approvals
 from primefs.runner.hooks import Hooks
 from primefs.runner.intake import Intake
 from primefs.runner.liverequests import LiveRequests
