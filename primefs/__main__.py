@@ -1,3 +1,3 @@
-from primefs.cli.main import main
+from primefs.cli.main import program
 
-main()
+program()

@@ -46,7 +46,7 @@ class LocalRunner:
         runs once has no watcher; without this it would see the file at its next periodic scan. (Before
         it has recovered it knows not what is taken; its first scan, after, sees the file.)"""
         if self.runner.recovered.is_set():
-            self.runner.guarded("a file event", self.runner.hint, path)
+            self.runner.guarded("a file event", self.runner.hint, path, True)  # written whole, by rename
 
     def stop(self) -> None:
         self.runner.stop()

@@ -200,7 +200,8 @@ class Runner:
             self.guarded("heartbeats", self.intake.tick_heartbeats)  # ticks missed meanwhile: one message each
             self.guarded("scan", self.scan)
             if not once:
-                observer = watch(self.ws, self.alive, lambda path: self.guarded("a file event", self.hint, path))
+                observer = watch(self.ws, self.alive,
+                                 lambda path, whole=False: self.guarded("a file event", self.hint, path, whole))
                 self.log(f"runner {os.getpid()} in {self.ws.root}: {len(self.scheduler.queued | self.scheduler.active)} session(s) with work; "
                          "watching goals/ and mailboxes (Ctrl-C stops)")
             self._loop(once)
@@ -297,15 +298,16 @@ class Runner:
         if self.lock:
             self.lock.release()
 
-    def hint(self, path: Path) -> None:
-        """A file event: look at that goal, session or harness entry now (the files decide)."""
+    def hint(self, path: Path, whole: bool = False) -> None:
+        """A file event: look at that goal, session or harness entry now (the files decide). `whole`: the
+        file was renamed into place or closed after writing (a goal is read at once, not once it settles)."""
         kind, sid = meaning(self.ws, path)
         if kind in ("request", "goal", "goals") and self.intake.check_config():  # e.g. a goal's model just added
             self._configure()
         if kind == "request":
             self.requests.take(path)
         elif kind == "goal":
-            self.intake.scan_goals()
+            self.intake.goal_event(path, whole)
         elif kind == "harness":
             self.intake.harness_touched()
             if sid and path.is_dir():  # a new folder of an awake session's harness

@@ -28,6 +28,7 @@ class Intake:
         self.claimed: set[str] = set()  # goal files that have a session (workspace-relative paths)
         self.reported: dict[str, float] = {}  # broken goal file -> mtime reported (report each version once)
         self.rejected: dict[str, dict] = {}  # broken goal file -> {mtime, error}, as written to REJECTED
+        self.whole: dict[str, float] = {}  # goal file -> the mtime it had when it arrived whole (goal_event)
         self.next_look: float | None = None  # monotonic time to look again at a goal file being written
         self.config_stamp = ws.config_stamp()
         self.heartbeat_sessions: set[str] = set()
@@ -69,8 +70,21 @@ class Intake:
                         self.log(f"goal error: {rel}: {type(exc).__name__}: {exc}")
             present = {p.relative_to(self.ws.root).as_posix() for p in files}
             self.rejected = {rel: r for rel, r in self.rejected.items() if rel in present and rel not in self.claimed}
+            self.whole = {rel: m for rel, m in self.whole.items() if rel in present and rel not in self.claimed}
             if self.rejected != rejected:
                 self._write_rejected()
+        if self.next_look is not None:  # the loop's wait is cut to it (else it sleeps up to a second more)
+            self.scheduler.bell.ring()
+
+    def goal_event(self, path: Path, whole: bool) -> None:
+        """A goal file appeared or changed; `whole`: renamed into place or closed after writing (as `primefs
+        goal`, the Python API and careful scripts write): it is read now, not once it has settled."""
+        if whole:
+            try:
+                self.whole[path.relative_to(self.ws.root).as_posix()] = path.stat().st_mtime
+            except (OSError, ValueError):
+                pass
+        self.scan_goals()
 
     def _settled(self, path: Path, rel: str) -> float | None:
         """The file's mtime once it is settled; None while it is being written (look again soon)."""
@@ -78,7 +92,7 @@ class Intake:
             mtime = path.stat().st_mtime
         except OSError:
             return None
-        if self.rejected.get(rel, {}).get("mtime") == mtime:  # found settled before (and rejected): no /proc walk
+        if mtime in (self.rejected.get(rel, {}).get("mtime"), self.whole.get(rel)):  # known whole: no wait, no /proc
             return mtime
         age = time.time() - mtime
         if 0 <= age < GOAL_SETTLE_S or (0 <= age < 600 and open_for_writing(path)):
@@ -114,7 +128,8 @@ class Intake:
         try:
             session = create_session(self.ws.sessions, task=goal.task, name=goal.name, model=goal.model,
                                      goal=rel, context=goal.context, extra=extra, files=files)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - refused like a bad goal: said once, not tried at every scan
+            self.rejected[rel] = {"mtime": mtime, "error": f"{rel}: cannot start a session: {exc}"}
             self.log(f"goal error: {rel}: cannot start a session: {exc}")
             return
         self.claimed.add(rel)

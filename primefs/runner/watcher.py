@@ -47,8 +47,9 @@ class Watch:
         self.alive.stop_watch()
 
 
-def watch(ws, alive, on_path: Callable[[Path], None]) -> Watch:
-    """Start watching, calling `on_path(path)` for every change; returns the watch (call .stop())."""
+def watch(ws, alive, on_path: Callable[..., None]) -> Watch:
+    """Start watching, calling `on_path(path, whole)` for every change (`whole`: the file was renamed into
+    place or closed after writing; sessions' events say nothing of it); returns the watch (call .stop())."""
     from watchdog.events import (
         DirCreatedEvent,
         DirDeletedEvent,
@@ -65,8 +66,9 @@ def watch(ws, alive, on_path: Callable[[Path], None]) -> Watch:
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"watchdog\..*")
 
     class Hint(FileSystemEventHandler):
-        def on_any_event(self, event):
-            on_path(Path(os.fsdecode(getattr(event, "dest_path", "") or event.src_path)))
+        def on_any_event(self, event):  # renamed into place or closed after writing: the file is whole
+            on_path(Path(os.fsdecode(getattr(event, "dest_path", "") or event.src_path)),
+                    isinstance(event, (FileMovedEvent, FileClosedEvent)))
 
     # Files appearing, renamed, closed after writing or removed: not opens, reads or appends (the
     # runner reads and appends all the time; those events would cost more than the work itself).

@@ -148,13 +148,36 @@ def write_new(path: Path, text: str) -> bool:
             f.flush()
             os.fsync(f.fileno())
         try:
-            os.link(tmp, path)
+            if not _rename_new(tmp, path):  # a rename: a watcher knows the file arrived whole (a goal: read at once)
+                os.link(tmp, path)
         except FileExistsError:
             return False
         fsync_dir(path.parent)
         return True
     finally:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:  # renamed
+            pass
+
+
+def _rename_new(src: str, dst: Path) -> bool:
+    """rename(2) that never replaces (Linux renameat2 RENAME_NOREPLACE): True if renamed, False where the
+    system or file system cannot (then the caller links); FileExistsError if `dst` exists."""
+    import ctypes
+
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    at_cwd, noreplace = -100, 1
+    if fn(at_cwd, os.fsencode(src), at_cwd, os.fsencode(str(dst)), noreplace) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        raise FileExistsError(err, os.strerror(err), str(dst))
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM):  # not supported here: link instead
+        return False
+    raise OSError(err, os.strerror(err), str(dst))
 
 
 def read_json_dict(path: Path) -> dict:

@@ -136,21 +136,26 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
         except FileExistsError:
             continue
     final = sessions_dir / sid
-    for sub in ("tmp", "new", "cur"):
-        (final / "mail" / sub).mkdir(parents=True)
-    now = iso()
-    meta = {"id": sid, "name": name or sid, "parent": parent, "depth": depth, "status": "pending",
-            "model": model, "goal": goal, "context": list(context or []), "created": now, "updated": now}
-    meta.update(json.loads(json.dumps(extra or {}, default=str)))  # plain data: ruamel types can't be dumped safe
-    for fname, text in (files or {}).items():  # a context value: data as files, never prompt text
-        if isinstance(text, Path):  # a goal's context_data file: copied (the kernel may write its own folder)
-            shutil.copyfile(text, final / fname)
-        else:
-            write_atomic(final / fname, text, durable=False)
-        meta["context_data"] = f"{sessions_dir.name}/{sid}/{fname}"
-    write_atomic(final / "task.md", task, durable=False)
-    (final / "history.jsonl").touch()
-    write_atomic(final / "session.yaml", dump_yaml(meta, safe=True))
+    try:
+        for sub in ("tmp", "new", "cur"):
+            (final / "mail" / sub).mkdir(parents=True)
+        now = iso()
+        meta = {"id": sid, "name": name or sid, "parent": parent, "depth": depth, "status": "pending",
+                "model": model, "goal": goal, "context": list(context or []), "created": now, "updated": now,
+                **(extra or {})}
+        meta = json.loads(json.dumps(meta, default=str))  # plain data: ruamel's (`name: "x"`) can't be dumped safe
+        for fname, text in (files or {}).items():  # a context value: data as files, never prompt text
+            if isinstance(text, Path):  # a goal's context_data file: copied (the kernel may write its own folder)
+                shutil.copyfile(text, final / fname)
+            else:
+                write_atomic(final / fname, text, durable=False)
+            meta["context_data"] = f"{sessions_dir.name}/{sid}/{fname}"
+        write_atomic(final / "task.md", str(task), durable=False)
+        (final / "history.jsonl").touch()
+        write_atomic(final / "session.yaml", dump_yaml(meta, safe=True))
+    except BaseException:  # no half-made folder is left (a goal would leave one at every scan)
+        shutil.rmtree(final, ignore_errors=True)
+        raise
     return Session(final)
 
 

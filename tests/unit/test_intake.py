@@ -16,6 +16,7 @@ from conftest import configure, new_session
 from primefs.plugins import end_conditions, plugin_manager
 from primefs.runner.bell import Bell
 from primefs.runner.intake import GOAL_SETTLE_S, REJECTED, Intake
+from primefs.store.fsutil import write_new
 from primefs.runner.postoffice import PostOffice
 from primefs.runner.scheduler import Scheduler
 from primefs.runner.tree import SessionTree
@@ -98,6 +99,17 @@ def test_a_goal_file_being_written_is_read_once_it_settles(parts, ws):
     parts.intake.scan_goals()
     assert list(parts.sessions()) == ["fresh"] and parts.intake.next_look is None
     assert still_writing.closed
+
+
+def test_a_goal_file_that_arrived_whole_is_read_at_once(parts, ws):
+    """Renamed into place (`primefs goal`, the API: fsutil.write_new) or closed after writing: no settle time."""
+    assert write_new(ws.goals / "whole.md", "---\nname: \"quoted\"\n---\nJust renamed in\n")
+    assert not write_new(ws.goals / "whole.md", "again") and not [n for n in os.listdir(ws.goals) if "tmp" in n]
+    parts.intake.goal_event(ws.goals / "whole.md", whole=True)
+    assert list(parts.sessions()) == ["quoted"] and parts.intake.next_look is None  # a plain str, dumped safe
+    goal(ws, "plain", "Written in place", age=0)
+    parts.intake.goal_event(ws.goals / "plain.md", whole=False)  # a create event: it may still be written
+    assert "plain" not in parts.sessions() and parts.intake.next_look is not None
 
 
 @pytest.mark.parametrize("text, said", [
