@@ -9,8 +9,9 @@ import json
 import subprocess
 
 import pytest
-from conftest import configure, run_once
+from conftest import cli, configure, run_once
 
+from primefs.store import mail
 from primefs.store.goals import write_goal
 from primefs.store.session import list_sessions
 
@@ -118,12 +119,13 @@ def test_a_repository_in_a_sessions_folder_is_refused(ws):
     assert any("goals/bad.md: worktree: '/no/such/repo' is not a folder" in ln for ln in lines), lines
 
 
-def test_a_worktree_removed_unchanged_is_made_again_for_the_next_turn(ws, repo):
-    from primefs.store import mail
+def test_a_worktree_removed_unchanged_is_made_again_for_the_next_turn(ws, repo, tmp_path):
 
     ws = scripted(ws, {"^Look": [{"text": "nothing to do"},
                                  {"code": "open('worktree/c.py', 'w').write('c = 3\\n')"}, {"text": "made c"}]})
-    (ws.goals / "look.md").write_text(f"---\nworktree: {repo}\n---\nLook around\n")
+    bad = cli(ws, "goal", "Look", "--worktree", str(tmp_path))
+    assert bad.returncode == 1 and "--worktree: " in bad.stderr and "is not a git repository" in bad.stderr
+    assert cli(ws, "goal", "Look around", "--name", "look", "--worktree", str(repo)).returncode == 0
     run_once(ws)
     [s] = list_sessions(ws.sessions)
     assert s.reload()["worktree"]["removed"] and not (s.dir / "work" / "worktree").exists()

@@ -129,11 +129,13 @@ def init(directory, source, as_json):
 @click.option("--heartbeat-prompt", metavar="TEXT", help="The message each heartbeat delivers.")
 @click.option("--tools", "tool_names", metavar="LIST", help="The tools the session gets: names or patterns, "
               "comma-separated ('word_count,calc_*'), 'all' (default) or 'none'.")
+@click.option("--worktree", metavar="REPO", help="A git repository: the session works in its own worktree of "
+              "it, on a new branch primefs/<id> (kernel-api.md, \"Worktrees\").")
 @json_option
 @ws_option
 @click.pass_context
 def goal(ctx, text, model, name, context, limits, autonomous, budgets, conditions, heartbeat, heartbeat_prompt,
-         tool_names, as_json):
+         tool_names, worktree, as_json):
     """Add a goal: write goals/<name>.md for the runner to pick up. TEXT '-' reads standard input."""
     from primefs.store.settings import BUDGET_KEYS, check_budget
 
@@ -169,6 +171,11 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
 
         selection = check_selection(tool_names, "--tools")
         extra["tools"] = "all" if selection is None else selection
+    if worktree is not None:  # checked here (and again by the runner): a bad path fails now, not there
+        from primefs.store.worktrees import check_repo
+
+        check_repo(ws, worktree, "--worktree")
+        extra["worktree"] = worktree
     from primefs.store.goals import write_goal
 
     path = write_goal(ws, text, model=model, name=name, context=list(context), extra=extra or None)
