@@ -21,10 +21,10 @@ from primefs.runner.idlekernels import IdleKernels
 from primefs.runner.postoffice import PostOffice
 from primefs.runner.scheduler import Scheduler
 from primefs.runner.tree import SessionTree
+from primefs.store import worktrees
 from primefs.store.conversation import INTERRUPTED, RESUMED, fenced_code
 from primefs.store.gitops import Committer, Mark
 from primefs.store.history import latest_events
-from primefs.store import worktrees
 from primefs.store.session import Session
 from primefs.tracing import spans as tracing
 
