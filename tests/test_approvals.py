@@ -225,3 +225,27 @@ def test_a_request_a_killed_runner_left_is_void_and_asked_again(gated):
         assert cli(ws, "approve", "shell", "2").returncode == 0
         wait_for(lambda: s.read_result() == "ran it", 30, "the turn's answer")
     assert [(e["approval"], e["verdict"]) for e in s.events("approval")] == [(1, "void"), (2, "approved")]
+
+
+def test_a_program_answers_through_its_handle(gated):
+    import primefs
+
+    ws = gated({"code": SHELL}, {"text": "ran it"})
+    api = primefs.Workspace(ws.root)
+    try:
+        h = api.submit("Use the shell", name="shell")
+
+        def asking() -> bool:
+            try:
+                h.wait(0.05)  # this process's runner does the work
+            except primefs.Timeout:
+                pass
+            return h.approval == 1
+
+        wait_for(asking, 30, "approval 1")
+        assert h.approve(reason="ok from a program")["verdict"] == "approved"
+        assert h.wait(30).answer == "ran it" and h.approval is None
+    finally:
+        api.close()
+    [event] = h.session.events("approval")
+    assert (event["via"], event["reason"]) == ("api", "ok from a program")

@@ -197,6 +197,29 @@ class SessionHandle:
             local.ensure(self._ws)
 
     # -- acting on it -----------------------------------------------------------------------------
+    @property
+    def approval(self) -> int | None:
+        """The number of the approval request it waits for (`approvals/<n>.md`), else None."""
+        return self._session.reload().get("approval")
+
+    def approve(self, n: int | None = None, reason: str | None = None) -> dict:
+        """Say yes to its approval request n (None: the one it waits for), as `primefs approve` does."""
+        return self._answer(n, "approve", reason)
+
+    def deny(self, n: int | None = None, reason: str | None = None) -> dict:
+        """Say no to its approval request n (None: the one it waits for); the model reads the reason."""
+        return self._answer(n, "deny", reason)
+
+    def _answer(self, n: int | None, verdict: str, reason: str | None) -> dict:
+        import getpass
+
+        from primefs.store import approvals
+
+        mine = local.current(self._ws)  # this process's runner asked: answered in it, not by a request file
+        if mine is not None:
+            return mine.runner.approvals.answer(self.id, n, verdict, reason, getpass.getuser(), "api")
+        return approvals.answer(self._ws, self.id, n, verdict, reason, "api")
+
     def send(self, text: str) -> str:
         """Mail it a message (as the user): an idle or finished session takes a new turn. Returns the
         message id. A stopped session takes no more turns (the message stays in its mailbox)."""
