@@ -94,6 +94,17 @@ def test_mail_and_stop_are_the_cli_writes_behind_csrf(done_ws):
     assert 'id="status">stopped<' in page.text and "Stop requested for 1 session(s)" in page.text
 
 
+def test_approve_and_deny_are_behind_csrf_and_a_refused_answer_says_why(done_ws):
+    c = client(done_ws)
+    sid = next(s.id for s in list_sessions(done_ws.sessions))
+    token = csrf_of(c.get(f"/s/{sid}").text)
+    assert c.post(f"/s/{sid}/approvals/1", data={"verdict": "approve"}).status_code == 403  # no CSRF token
+    assert c.post(f"/s/{sid}/approvals/x", data={"verdict": "approve", "csrf": token}).status_code == 404
+    assert c.post(f"/s/{sid}/approvals/1", data={"verdict": "maybe", "csrf": token}).status_code == 400
+    r = c.post(f"/s/{sid}/approvals/1", data={"verdict": "approve", "csrf": token})
+    assert r.status_code == 409 and f"session {sid} waits for no approval 1 (no runner is running)" in r.text
+
+
 def test_broken_files_never_break_a_page(ws):
     good = create_session(ws.sessions, task="fine", name="good", model="scripted/x.yaml")
     broken = create_session(ws.sessions, task="broken", name="broken", model="scripted/x.yaml")
