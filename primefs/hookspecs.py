@@ -24,6 +24,7 @@ def register_benchmarks(register):
     ``{"id", "task", "context", "expected"}`` (deterministic for a seed; ``context`` is handed to the
     session as its ``context`` variable, never put in a prompt), ``score(answer, expected) -> float``
     in [0, 1], and ``oracle(item) -> answer`` (a reference solver: scores 1.0 without any model).
+    A ``score`` with a keyword ``judge`` is given ``judge(prompt) -> reply`` under ``primefs eval --judge``.
     """
 
 

@@ -64,6 +64,8 @@ class EvalCommand(click.Command):
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="A benchmark parameter, e.g. --param chars=10000000 (needle), --param lines=5000 (repeatable).")
 @click.option("--scorer", help="For file: benchmarks: exact (default), contains, number, f1-set, or a benchmark's name.")
+@click.option("--judge", metavar="ALIAS",
+              help="A model (alias or litellm id) judging the answers, for benchmarks scored by one (aa-lcr).")
 @click.option("--config", "config", type=click.Path(exists=True, dir_okay=False),
               help="eval.yaml fixing model, limits, budgets, end conditions, refine, concurrency, seed, mode.")
 @click.option("--out", type=click.Path(file_okay=False), help="Output folder (default eval-runs/<bench>-<time>).")
@@ -75,7 +77,7 @@ class EvalCommand(click.Command):
 @click.option("--json", "as_json", is_flag=True, help="With --list: JSON. Otherwise print summary.json.")
 @ws_option
 @click.pass_context
-def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, config, out, concurrency, oracle, rerun,
+def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, judge, config, out, concurrency, oracle, rerun,
              list_, as_json):
     """Run N items of benchmark BENCH (a plugin's, or file:ITEMS.jsonl) and score them; write
     config.yaml, results.jsonl and summary.json. `primefs eval report RUN…` reports on runs.
@@ -97,7 +99,7 @@ def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, config, ou
                 click.echo(f"{k}: {b.description}")
         return
     if rerun:
-        if bench or config or any(v is not None for v in (model, n, n_old, seed, mode, scorer, concurrency)) \
+        if bench or config or any(v is not None for v in (model, n, n_old, seed, mode, scorer, judge, concurrency)) \
                 or params or oracle:
             raise PrimefsError("--rerun takes its settings from the run's config.yaml: give only --out, -w, --json")
         out_dir = Path(out or f"{rerun.rstrip('/')}-rerun-{datetime.now():%Y%m%d-%H%M%S}")
@@ -115,7 +117,8 @@ def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, config, ou
                 click.echo(f"  {line}")
         return
     cfg = load_config(config, {"model": model, "n": n if n is not None else n_old, "seed": seed, "mode": mode,
-                               "concurrency": concurrency, "scorer": scorer, "params": _params(params)})
+                               "concurrency": concurrency, "scorer": scorer, "judge": judge,
+                               "params": _params(params)})
     bench = bench or cfg.get("benchmark")
     if not bench:
         raise PrimefsError("name a benchmark (see `primefs eval --list`), or file:ITEMS.jsonl")

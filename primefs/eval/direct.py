@@ -122,15 +122,9 @@ def run_direct(ws, model: str, items: list[dict], cfg: dict, control: dict, prog
 
 def _call(gateway, caller: DirectCaller, item: dict) -> None:
     """One turn of one model call, recorded as a turn of the session (task, call, answer, turn end)."""
-    s = caller.session
-    started = time.monotonic()
     ctx = context_text(item.get("context"))
     messages, sent = build_prompt(item["task"], ctx, caller.settings, gateway.prompt_tokens)
-    write_atomic(s.dir / "prompt.txt", messages[1]["content"], durable=False)  # big: a file, not an event
-    s.update(started_ts=time.time())
-    s.set_status("running", stop_reason=None)
-    s.history.append("task", text=s.task)
-    s.history.append("turn_start", turn=1, model=caller.settings["model"])
+    write_atomic(caller.session.dir / "prompt.txt", messages[1]["content"], durable=False)  # big: a file
     if sent["cut_chars"]:
         note = (f"direct mode: {sent['context_sent_chars']:,} of {sent['context_chars']:,} context characters "
                 f"sent in one prompt (prompt.txt); {sent['cut_chars']:,} cut (head and tail kept) to fit the "
@@ -138,10 +132,22 @@ def _call(gateway, caller: DirectCaller, item: dict) -> None:
     else:
         note = (f"direct mode: the task and all {sent['context_chars']:,} context characters in one prompt "
                 f"(prompt.txt)" + ("" if sent["window_tokens"] else "; the model's window is unknown: no cut"))
-    s.history.append("notice", text=note, direct=sent)
+    caller.session.update(direct=sent)
+    one_turn(gateway, caller, messages, "direct", note, direct=sent)
+
+
+def one_turn(gateway, caller: DirectCaller, messages: list[dict], purpose: str, note: str, **notice) -> None:
+    """The session's one turn: a model call through the gateway, its reply the session's answer."""
+    s = caller.session
+    started = time.monotonic()
+    s.update(started_ts=time.time())
+    s.set_status("running", stop_reason=None)
+    s.history.append("task", text=s.task)
+    s.history.append("turn_start", turn=1, model=caller.settings["model"])
+    s.history.append("notice", text=note, **notice)
     outcome = "idle"
     try:
-        reply = gateway.complete(caller, messages, None, purpose="direct")
+        reply = gateway.complete(caller, messages, None, purpose=purpose)
         s.history.append("assistant", text=reply.text, calls=[])
         s.write_result(reply.text)
         s.history.append("result", text=reply.text)
@@ -158,6 +164,5 @@ def _call(gateway, caller: DirectCaller, item: dict) -> None:
         s.history.append("error", error=str(exc))
         s.set_status("failed", error=str(exc), stop_reason="error")
         outcome = "failed"
-    s.update(direct=sent)
     s.history.append("turn_end", turn=1, outcome=outcome, elapsed_s=round(time.monotonic() - started, 4),
                      status=s.status, stop_reason=s.meta.get("stop_reason"))

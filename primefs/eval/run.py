@@ -20,6 +20,7 @@ from primefs import __version__
 from primefs.errors import PrimefsError
 from primefs.eval.direct import run_direct, slots
 from primefs.eval.items import FileBenchmark, bench_items, context_chars, find_benchmark, item_sha, plugin_source
+from primefs.eval.judge import Judge, check_judge
 from primefs.eval.record import differences, is_local, models_record, package_versions, read_run, scrub
 from primefs.index.accounting import UsageIndex
 from primefs.plugins import end_conditions, plugin_manager
@@ -30,7 +31,7 @@ from primefs.store.settings import FINISHED, check_budget, check_end_conditions,
 from primefs.store.workspace import Workspace, init_workspace
 
 CONFIG_KEYS = {"benchmark", "n", "seed", "model", "models", "limits", "budget", "end_conditions", "autonomous",
-               "refine", "concurrency", "mode", "params", "scorer"}
+               "refine", "concurrency", "mode", "params", "scorer", "judge"}
 DEFAULTS = {"seed": 0, "concurrency": 2, "refine": False, "autonomous": False, "mode": "rlm"}
 DEFAULT_N = 5  # items of a generator; a file: benchmark runs all its lines
 MODES = {"rlm": ("rlm",), "direct": ("direct",), "both": ("rlm", "direct")}
@@ -139,6 +140,7 @@ def _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress):
     plugin_ws, how = (workspace, "given with -w") if workspace is not None else plugins_from
     pm = plugin_manager(plugin_ws.root if plugin_ws else None)
     bench = find_benchmark(bench_name, pm, plugin_ws, how, scorer=cfg.get("scorer"))
+    check_judge(bench, cfg.get("judge"), oracle)
     if cfg.get("end_conditions") is not None:
         cfg["end_conditions"] = check_end_conditions(cfg["end_conditions"], "eval config", end_conditions(pm))
     if cfg.get("n") is None and not isinstance(bench, FileBenchmark):
@@ -148,7 +150,8 @@ def _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress):
     if progress:
         progress(0, total=len(items) * len(modes))
     ws, model = (None, None) if oracle else prepare_workspace(out, cfg, workspace, around=plugin_ws)
-    return ws, model, bench, pm, items, modes
+    judge = Judge(ws, cfg["judge"]) if cfg.get("judge") else None
+    return ws, model, bench, pm, items, modes, judge
 
 
 def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, workspace: Workspace | None = None,
@@ -159,7 +162,7 @@ def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, wor
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        ws, model, bench, pm, items, modes = _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress)
+        ws, model, bench, pm, items, modes, judge = _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress)
     except PrimefsError:
         if made:  # nothing ran: no half-made run folder is left behind
             shutil.rmtree(out, ignore_errors=True)
@@ -182,9 +185,9 @@ def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, wor
         if mode == "oracle":
             rows += _run_oracle(bench, items, progress)
         elif mode == "direct":
-            rows += _run_direct(ws, model, bench, items, cfg, progress)
+            rows += _run_direct(ws, model, bench, items, cfg, progress, judge)
         else:
-            rows += _run_sessions(ws, model, bench, items, cfg, progress)
+            rows += _run_sessions(ws, model, bench, items, cfg, progress, judge)
     with open(out / "results.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r, default=str) + "\n")
@@ -253,30 +256,50 @@ def _control(cfg) -> dict:
     return control
 
 
-def _scored_rows(ws, bench, items, sessions, mode) -> list[dict]:
-    """A row per item from its session: the answer if its last turn answered, usage of its tree."""
-    index = UsageIndex(ws.sessions)
-    rows = []
+def _score(bench, item, answer, mode, judge: Judge | None, judged: list) -> float:
+    if answer is None:
+        return 0.0
+    if judge is None:
+        return float(bench.score(answer, item["expected"]))
+    try:
+        return float(bench.score(answer, item["expected"], judge=judge.asker(item["id"], mode, judged)))
+    except ValueError as exc:  # the plugin cannot read the judge's reply
+        raise PrimefsError(f"benchmark {bench.name}, item {item['id']} ({mode}): {exc}") from None
+
+
+def _scored_rows(ws, bench, items, sessions, mode, judge: Judge | None = None) -> list[dict]:
+    """A row per item from its session: the answer if its last turn answered, usage of its tree; with a
+    judge, the judge's sessions and their usage (`judge_*`), apart from the item's."""
+    scored = []
     for item in items:
         s = sessions[item["id"]]
         meta = s.reload()
         ok = meta.get("status") in ("idle", "done") and meta.get("stop_reason") in ("answered", "done")
         answer = s.read_result() if ok else None
-        score = float(bench.score(answer, item["expected"])) if answer is not None else 0.0
+        judged: list[str] = []
+        scored.append((item, s, meta, answer, _score(bench, item, answer, mode, judge, judged), judged))
+    index = UsageIndex(ws.sessions)  # after the judges' sessions were made
+    rows = []
+    for item, s, meta, answer, score, judged in scored:
         extra = {}
         if mode == "direct":
             extra = {k: (meta.get("direct") or {}).get(k) for k in ("context_sent_chars", "cut_chars", "window_tokens")}
+        if judge is not None:
+            used = [index.tree(j) for j in judged]
+            extra.update(judge=judge.alias, judge_sessions=judged,
+                         **{f"judge_{k}": sum(u.get(k, 0) for u in used) for k in ("calls", "input_tokens",
+                                                                                   "output_tokens", "cost_usd")})
         rows.append(_row(item, mode, answer, score, index.tree(s.id), meta.get("stop_reason") or meta.get("status"),
                          s.id, **extra))
     return rows
 
 
-def _run_direct(ws: Workspace, model: str, bench, items, cfg, progress) -> list[dict]:
+def _run_direct(ws: Workspace, model: str, bench, items, cfg, progress, judge=None) -> list[dict]:
     sessions = run_direct(ws, model, items, cfg, _control(cfg), progress)
-    return _scored_rows(ws, bench, items, sessions, "direct")
+    return _scored_rows(ws, bench, items, sessions, "direct", judge)
 
 
-def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> list[dict]:
+def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress, judge=None) -> list[dict]:
     from primefs.runner.core import Runner
 
     sessions = {}
@@ -315,7 +338,7 @@ def _run_sessions(ws: Workspace, model: str, bench, items, cfg, progress) -> lis
             runner.refine(s.id)
     if progress:
         progress(len(items) - len(finished))
-    return _scored_rows(ws, bench, items, sessions, "rlm")
+    return _scored_rows(ws, bench, items, sessions, "rlm", judge)
 
 
 SUMMED = ("calls", "input_tokens", "output_tokens", "cost_usd", "wall_s")
