@@ -225,7 +225,7 @@ def test_log_returns_fields(ws, h):
     assert entries[0] | {"date": None} == {
         "sha": b, "date": None, "subject": "harness(memory/m): update - two", "kind": "memory", "name": "m",
         "path": "harness/memory/m.md", "scope": "global", "session": None, "source": "refine",
-        "evidence": ["ev-1"], "intent": "better", "reverts": None, "outcome": None, "outcome_note": None,
+        "evidence": ["ev-1"], "intent": "better", "gate": None, "reverts": None, "outcome": None, "outcome_note": None,
         "reverted_by": None}
     assert entries[1]["session"] == "s1" and entries[1]["source"] == "agent" and entries[0]["date"]
     assert len(harness.log(ws, limit=1)) == 1
@@ -356,7 +356,7 @@ def test_plain_git_revert_is_seen_by_log_and_revert(ws, h):
     assert rows[plain] | {"date": None} == {
         "sha": plain, "date": None, "subject": 'Revert "harness(note/n): update - two"', "kind": "note",
         "name": "n", "path": "harness/notes/n.md", "scope": "global", "session": None, "source": None,
-        "evidence": [], "intent": None, "reverts": change, "outcome": None, "outcome_note": None,
+        "evidence": [], "intent": None, "gate": None, "reverts": change, "outcome": None, "outcome_note": None,
         "reverted_by": None}
     with pytest.raises(PrimefsError, match=f"already reverted by {plain[:10]}"):
         harness.revert(ws, change)

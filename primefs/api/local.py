@@ -21,11 +21,13 @@ _running: dict[Path, LocalRunner] = {}
 
 class LocalRunner:
     def __init__(self, ws: Workspace):
+        from primefs.eval import run_gate
         from primefs.runner.core import Runner
 
         self.problems: list[str] = []  # errors and warnings it logged: said if a goal is never taken
         self.failure: BaseException | None = None
         self.runner = Runner(Workspace(ws.root), log=self._log)
+        self.runner.turns.gate_runner = run_gate
         self.thread = threading.Thread(target=self._run, name="primefs-local-runner", daemon=True)
 
     def _log(self, msg: str) -> None:

@@ -186,11 +186,17 @@ def outcome(ctx, commit, verdict, note, as_json):
 @click.option("--scope", type=click.Choice(["global", "session"]), default="global", show_default=True,
               help="Where new entries go.")
 @click.option("--model", "-m", help="Model for the refine call (default: the session's).")
+@click.option("--gate", "gate_bench", metavar="BENCH",
+              help="Keep the edits only if benchmark BENCH does not score worse with them (docs/harness.md).")
+@click.option("--items", "-n", "gate_n", type=int, help="With --gate: how many items (default 5).")
+@click.option("--seed", "gate_seed", type=int, help="With --gate: the items' seed (default 0).")
+@click.option("--gate-model", help="With --gate: the model the items run on (default: the workspace's).")
 @json_option
 @ws_option
 @click.pass_context
-def refine_cmd(ctx, session, instructions, scope, model, as_json):
-    """One model call proposes harness edits from SESSION's recent events; valid ones are committed."""
+def refine_cmd(ctx, session, instructions, scope, model, gate_bench, gate_n, gate_seed, gate_model, as_json):
+    """One model call proposes harness edits from SESSION's recent events; valid ones are committed.
+    With --gate, only if a benchmark run before and after them says they do not hurt."""
 
     from primefs.index.db import find_session
     from primefs.store.control import REFINE_FILE, runner_lock
@@ -200,7 +206,8 @@ def refine_cmd(ctx, session, instructions, scope, model, as_json):
     s = find_session(ws.sessions, session)
     if model:
         ws.resolve_model(model)
-    request = {"instructions": instructions, "scope": scope, "model": model}
+    request = {"instructions": instructions, "scope": scope, "model": model, "gate": _gate(gate_bench, gate_n,
+                                                                                          gate_seed, gate_model)}
     with runner_lock(ws) as no_runner:
         if not no_runner:  # a runner owns the session's history: let it do the work
             write_atomic(s.dir / REFINE_FILE, json.dumps(request))
@@ -209,13 +216,36 @@ def refine_cmd(ctx, session, instructions, scope, model, as_json):
                  f"refine requested; the running runner applies it (see `primefs log {s.id}`)")
             return
         # holding the runner lock: no runner can start and write this history meanwhile
+        from primefs.eval import run_gate
         from primefs.runner.core import refine_offline
 
-        result = refine_offline(ws, s.id, request, log=lambda m: click.echo(m, err=True))
+        result = refine_offline(ws, s.id, request, log=lambda m: click.echo(m, err=True), gate_runner=run_gate)
     if result.get("error"):  # one line, printed once by the CLI's error handler
         raise PrimefsError(f"refine failed: {result['error']}")
     emit(as_json, {"session": s.id, "name": s.name, "requested": False, "applied": result["applied"],
-                   "rejected": result["rejected"], "outcomes": result.get("outcomes", [])},
-         "\n".join([f"applied {a['op']} {a['kind']}/{a['name']}: {a['commit'] or 'no change'}" for a in result["applied"]]
-                   + [f"rejected {r['edit']}: {r['reason']}" for r in result["rejected"]]))
+                   "rejected": result["rejected"], "outcomes": result.get("outcomes", []), "gate": result.get("gate"),
+                   "proposal": result.get("proposal")}, "\n".join(_refine_lines(result)))
     sys.stdout.flush()
+
+
+def _gate(bench, n, seed, model) -> dict | None:
+    if bench is None:
+        if n is not None or seed is not None or model is not None:
+            raise PrimefsError("-n, --seed and --gate-model go with --gate BENCH")
+        return None
+    if (n is not None and n < 1) or (seed is not None and seed < 0):
+        raise PrimefsError("--gate: -n must be at least 1 and --seed at least 0")
+    return {k: v for k, v in {"benchmark": bench, "n": n, "seed": seed, "model": model}.items() if v is not None}
+
+
+def _refine_lines(result: dict) -> list[str]:
+    lines = []
+    if gate := result.get("gate"):
+        verdict = "kept" if gate["kept"] else "rejected"
+        lines.append(f"gate {gate['benchmark']}: {verdict} (before {gate['before']:.3f}, after {gate['after']:.3f}, "
+                     f"{gate['items']} items; runs {', '.join(gate['runs'])})")
+    lines += [f"applied {a['op']} {a['kind']}/{a['name']}: {a['commit'] or 'no change'}" for a in result["applied"]]
+    lines += [f"rejected {r['edit']}: {r['reason']}" for r in result["rejected"]]
+    if result.get("proposal"):
+        lines.append(f"kept as a rejected proposal, not applied: {result['proposal']}")
+    return lines

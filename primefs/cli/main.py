@@ -200,6 +200,7 @@ def run(ctx, once, quiet, verbose, ray):
     With --once, the exit code says how it went: 0 when every session it ran ended without failure
     and every goal file was accepted, 3 otherwise (the work is still all done and recorded).
     """
+    from primefs.eval import run_gate
     from primefs.runner.core import Runner
     from primefs.store import livefeed
     from primefs.views.events import Narrator
@@ -218,6 +219,7 @@ def run(ctx, once, quiet, verbose, ray):
         narrator.say(line) if narrator else err().print(line, soft_wrap=True)
 
     runner = Runner(ws, log=log, ray=ray_address(ws, ray))
+    runner.turns.gate_runner = run_gate  # harness.gate: refinements agents ask for must pass their gate
     if narrator:
         livefeed.listen(narrator)
     try:

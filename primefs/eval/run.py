@@ -135,7 +135,7 @@ def copy_scripts_in(ws: Workspace, model: str) -> str:
     return "scripted/" + inside(model[len("scripted/"):]) if model.startswith("scripted/") else model
 
 
-def _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress):
+def _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress, setup=None):
     """The benchmark, its items and the workspace and model they run on; PrimefsError for a mistake."""
     plugin_ws, how = (workspace, "given with -w") if workspace is not None else plugins_from
     pm = plugin_manager(plugin_ws.root if plugin_ws else None)
@@ -150,19 +150,23 @@ def _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress):
     if progress:
         progress(0, total=len(items) * len(modes))
     ws, model = (None, None) if oracle else prepare_workspace(out, cfg, workspace, around=plugin_ws)
+    if setup is not None and ws is not None:
+        setup(ws)  # e.g. a gate's harness, before any item runs
     judge = Judge(ws, cfg["judge"]) if cfg.get("judge") else None
     return ws, model, bench, pm, items, modes, judge
 
 
 def run_eval(bench_name: str, cfg: dict, out: Path, *, oracle: bool = False, workspace: Workspace | None = None,
-             plugins_from: tuple = (None, "none found"), progress=None, extra_record: dict | None = None) -> dict:
+             plugins_from: tuple = (None, "none found"), progress=None, extra_record: dict | None = None,
+             setup=None) -> dict:
     """Run the items (per mode) and write config.yaml, results.jsonl and summary.json to `out`.
     `plugins_from`: (workspace, how it was found) whose plugins/*.py are loaded when no `workspace`
     is given (items then run in a fresh one); `progress(k)` is told of items done."""
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        ws, model, bench, pm, items, modes, judge = _set_up(bench_name, cfg, out, oracle, workspace, plugins_from, progress)
+        ws, model, bench, pm, items, modes, judge = _set_up(bench_name, cfg, out, oracle, workspace, plugins_from,
+                                                            progress, setup)
     except PrimefsError:
         if made:  # nothing ran: no half-made run folder is left behind
             shutil.rmtree(out, ignore_errors=True)

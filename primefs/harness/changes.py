@@ -61,11 +61,11 @@ def _row(sha, date, subject, trailers, note, body, *, known: dict) -> dict | Non
                  "scope": "session" if path.startswith("sessions/") else "global",
                  "session": None if session == "-" else session, "source": t.get("Primefs-Source"),
                  "evidence": [e.strip() for e in t.get("Primefs-Evidence", "").split(",") if e.strip()],
-                 "intent": t.get("Primefs-Intent")}
+                 "intent": t.get("Primefs-Intent"), "gate": t.get("Primefs-Gate")}
     elif target in known:  # a plain `git revert` of a harness change
         of = known[target]
         entry = {"kind": of["kind"], "name": of["name"], "path": of["path"], "scope": of["scope"],
-                 "session": None, "source": None, "evidence": [], "intent": None}
+                 "session": None, "source": None, "evidence": [], "intent": None, "gate": None}
     else:
         return None
     outcome, _, outcome_note = note.strip().partition("\n")

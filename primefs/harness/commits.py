@@ -188,7 +188,7 @@ def summary(text: str, width: int = 60) -> str:
     return line if len(line) <= width else line[:width - 3].rstrip() + "..."
 
 
-def provenance(session, kind, name, path, source, evidence, intent) -> list[tuple[str, str]]:
+def provenance(session, kind, name, path, source, evidence, intent, gate=None) -> list[tuple[str, str]]:
     if source not in SOURCES:
         raise PrimefsError(f"source must be one of {', '.join(SOURCES)}, not {source!r}")
     if isinstance(evidence, str):
@@ -205,6 +205,8 @@ def provenance(session, kind, name, path, source, evidence, intent) -> list[tupl
         out.append(("Primefs-Evidence", ", ".join(evidence)))
     if intent:
         out.append(("Primefs-Intent", intent))
+    if gate:
+        out.append(("Primefs-Gate", one_line(gate)))
     return out
 
 

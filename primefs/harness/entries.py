@@ -6,6 +6,7 @@ change is one commit touching only that entry, with `Primefs-*` trailers saying 
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import shutil
@@ -72,6 +73,15 @@ class Harness:
         self.ws = ws
         self.root = ws.root
         self.git = HarnessGit(ws.root)
+
+    def check_unlocked(self, kind: str, name: str, source: str) -> None:
+        """A person's `harness: {locked: [...]}` in primefs.yaml: only a person edits those entries."""
+        if source == "user":
+            return
+        for pattern in (self.ws.config.get("harness") or {}).get("locked") or []:
+            if fnmatch.fnmatchcase(f"{kind}/{name}", pattern):
+                raise PrimefsError(f"{kind}/{name} is locked (primefs.yaml harness.locked: {pattern}): only a person "
+                                   "may edit it")
 
     # -- locations ----------------------------------------------------------------------------------
     def _base(self, scope: str, session: str | None) -> Path:
@@ -180,7 +190,7 @@ class Harness:
     def put(self, kind: str, name: str, body: str | None = None, *, scope: str = "global",
             session: str | None = None, description: str | None = None, source: str = "agent",
             evidence=None, intent: str | None = None, files: dict[str, str | None] | None = None,
-            **fields) -> str | None:
+            gate: str | None = None, **fields) -> str | None:
         """Create or update one entry and commit it; returns the commit sha, or None when the content
         (front matter apart from `primefs:`, body, a skill's files) is as it was: nothing is written.
 
@@ -190,8 +200,9 @@ class Harness:
         check_kind(kind)
         check_entry_name(name)
         body, description, fields, files = _checked_change(kind, body, description, fields, files)
+        self.check_unlocked(kind, name, source)
         path = self._path(self._base(scope, session), kind, name)
-        trailers = provenance(session, kind, name, self._rel(path), source, evidence, intent)
+        trailers = provenance(session, kind, name, self._rel(path), source, evidence, intent, gate)
         md = path / SKILL_FILE if kind == "skill" else path
         with commit_lock(self.root):
             self.git.commit_hand_edits([self._rel(path)])
@@ -216,12 +227,13 @@ class Harness:
             return self.git.commit([self._rel(path)], subject, trailers)
 
     def delete(self, kind: str, name: str, *, scope: str = "global", session: str | None = None,
-               source: str = "agent", evidence=None, intent: str | None = None) -> str | None:
+               source: str = "agent", evidence=None, intent: str | None = None, gate: str | None = None) -> str | None:
         """Remove one entry (a skill's whole folder) and commit that; returns the commit sha."""
         check_kind(kind)
         check_entry_name(name)
+        self.check_unlocked(kind, name, source)
         path = self._path(self._base(scope, session), kind, name)
-        trailers = provenance(session, kind, name, self._rel(path), source, evidence, intent)
+        trailers = provenance(session, kind, name, self._rel(path), source, evidence, intent, gate)
         with commit_lock(self.root):
             if not path.exists():
                 raise PrimefsError(f"no {scope} {kind} {name!r} (looked for {self._rel(path)})")

@@ -353,7 +353,7 @@ class Runner:
                 self.turns.refine_request(sid, request)
 
 
-def refine_offline(ws: Workspace, sid: str, request: dict, log) -> dict:
+def refine_offline(ws: Workspace, sid: str, request: dict, log, gate_runner=None) -> dict:
     """`primefs refine` with no runner running (the caller holds the runner lock)."""
     from primefs.harness.entries import session_chain
     from primefs.harness.refine import run_refine
@@ -363,5 +363,6 @@ def refine_offline(ws: Workspace, sid: str, request: dict, log) -> dict:
     for child, parent in zip(chain, chain[1:] + [None]):
         runner.tree.link(child, parent)
     # the command prints each edit and the error itself: the runner's one-line summary would say it twice
-    return run_refine(ws, runner.turns.agent(sid), runner.tree.chain(sid), lambda line: None,
-                      **{k: v for k, v in request.items() if v is not None})
+    return run_refine(ws, runner.turns.agent(sid), runner.tree.chain(sid),
+                      lambda line: log(line) if line.startswith("gate ") else None,  # a gate's progress only
+                      gate_runner=gate_runner, **{k: v for k, v in request.items() if v is not None})

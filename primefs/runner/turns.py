@@ -39,6 +39,9 @@ class Turns:
         self.failed: set[str] = set()  # sessions that failed under this runner (`run --once` exit code)
         self._lock = threading.Lock()
         self.kernels = IdleKernels(ws.limits().max_idle_kernels)
+        # runs a refinement's gate (primefs.eval.gate.run_gate), given by the program that runs this runner:
+        # the eval layer is above the runner's. None: a gated refinement applies nothing.
+        self.gate_runner: Callable | None = None
 
     def agent(self, sid: str) -> Agent:
         with self._lock:
@@ -220,7 +223,8 @@ class Turns:
                           extra={"child": s.id, "name": s.name, "status": s.status, "turn": turn})
 
     def refine(self, agent: Agent, **request) -> dict:
-        return run_refine(self.ws, agent, self.tree.chain(agent.session.id), self.log, **request)
+        return run_refine(self.ws, agent, self.tree.chain(agent.session.id), self.log,
+                          gate_runner=self.gate_runner, **request)
 
     # -- events from outside ----------------------------------------------------------------------
     def mail_arrived(self, sid: str) -> None:

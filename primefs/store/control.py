@@ -143,7 +143,7 @@ def request_stop(ws: Workspace, targets: list[str]) -> list[tuple[str, str]]:
 
 
 def take_refine_request(folder) -> dict | None:
-    """The request `primefs refine` left for the running runner (instructions, scope, model), removed
+    """The request `primefs refine` left for the running runner (instructions, scope, model, gate), removed
     as it is taken; None if there is none or it cannot be read."""
     path = folder / REFINE_FILE
     try:
@@ -153,7 +153,14 @@ def take_refine_request(folder) -> dict | None:
         return None
     if not isinstance(request, dict):
         return None
-    return {k: request.get(k) for k in ("instructions", "scope", "model") if request.get(k) is not None}
+    if request.get("gate") is not None:
+        from primefs.store.settings import check_harness
+
+        try:
+            check_harness({"gate": request["gate"]}, "refine request")
+        except PrimefsError:
+            return None
+    return {k: request.get(k) for k in ("instructions", "scope", "model", "gate") if request.get(k) is not None}
 
 
 # -- request and reply ------------------------------------------------------------------------------

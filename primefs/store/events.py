@@ -199,6 +199,8 @@ class Refine(Event, total=False):
     rejected: list
     outcomes: list
     error: str
+    gate: dict  # the gate's verdict (harness.md, "Gated refinements")
+    proposal: str | None  # the commit of a refinement the gate did not keep (or could not run)
 
 
 class Exec(Event, total=False):

@@ -4,6 +4,7 @@ within bounds (the checks they are made of: checks.py)."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -127,7 +128,8 @@ def check_hooks(value, where: str) -> None:
                                        f"at most 3600, not {t!r}")
 
 
-CONFIG_KEYS = ("model", "models", "limits", "sandbox", "mcp_servers", "hosts", "hooks", "approve", "kernel_connect")
+CONFIG_KEYS = ("model", "models", "limits", "sandbox", "mcp_servers", "hosts", "hooks", "approve", "kernel_connect",
+               "harness")
 
 
 def check_config(data, where: str = "primefs.yaml", root: Path | None = None) -> dict:
@@ -167,7 +169,31 @@ def check_config(data, where: str = "primefs.yaml", root: Path | None = None) ->
         check_approve(data["approve"], where)
     if data.get("kernel_connect") is not None and not isinstance(data["kernel_connect"], bool):
         raise PrimefsError(f"{where}: kernel_connect must be true or false")
+    if data.get("harness") is not None:
+        check_harness(data["harness"], where)
     return data
+
+
+LOCK_PATTERN = re.compile(r"(note|memory|skill|agent|\*)/[a-z0-9*?\[\]-]+")  # kind/name, wildcards allowed
+GATE_KEYS = {"benchmark": str, "n": int, "seed": int, "model": str}
+
+
+def check_harness(data, where: str) -> None:
+    """`harness: {locked: [kind/name, ...], gate: {benchmark, n, seed, model}}`."""
+    if not isinstance(data, dict) or set(data) - {"locked", "gate"}:
+        raise PrimefsError(f"{where}: harness is a mapping of locked (a list of kind/name) and gate (a mapping)")
+    locked = data.get("locked")
+    if locked is not None and (not isinstance(locked, list)
+                               or not all(isinstance(x, str) and LOCK_PATTERN.fullmatch(x) for x in locked)):
+        raise PrimefsError(f"{where}: harness.locked is a list of kind/name (note/style, skill/*), not {short(locked)}")
+    gate = data.get("gate")
+    if gate is not None:
+        if not isinstance(gate, dict) or not gate.get("benchmark") or set(gate) - set(GATE_KEYS) or any(
+                not isinstance(v, GATE_KEYS[k]) or isinstance(v, bool) for k, v in gate.items()):
+            raise PrimefsError(f"{where}: harness.gate is {{benchmark: NAME, n: N, seed: S, model: M}} (benchmark "
+                               f"required), not {short(gate)}")
+        if gate.get("n", 1) < 1 or gate.get("seed", 0) < 0:
+            raise PrimefsError(f"{where}: harness.gate: n must be at least 1 and seed at least 0")
 
 
 def check_alias(alias, settings, where: str) -> None:
