@@ -23,6 +23,8 @@ def script(body: str, op: str) -> str:
     return ("rules:\n  - match: \"^You refine the harness\"\n    replies:\n"
             f"      - text: '{json.dumps({'edits': [edit]})}'\n"
             "  - match: \"^Refine yourself\"\n    replies:\n      - code: \"print(refine())\"\n      - text: \"ok\"\n"
+            "  - match: \"^Edit the tip\"\n    replies:\n      - code: \"try:\\n    harness.put('note', "
+            "'answer-tip', '43')\\nexcept ValueError as e:\\n    done(f'refused: {e}')\"\n"
             f"default:\n  - code: \"{ANSWER}\"\n")
 
 
@@ -107,6 +109,9 @@ def test_locked_entries_are_edited_by_a_person_only(ws):
     out = json.loads(r.stdout)
     assert out["gate"] is None and "locked" in out["rejected"][0]["reason"]
     assert not (ws.root / ".primefs" / "gates").exists()
+    write_goal(ws, "Edit the tip", name="k")
+    run_once(ws)
+    assert by_name(ws)["k"].read_result().startswith("refused: note/answer-tip is locked")  # a kernel cannot
     h = Harness(ws)
     for source in ("agent", "refine"):
         try:
