@@ -90,6 +90,13 @@ def test_report_table_and_plots(both_run, tmp_path):
         assert (tmp_path / "rep" / png).read_bytes()[:4] == b"\x89PNG" and f"({png})" in md
     js = json.loads(cli("eval", "report", str(d / "run"), "--out", str(tmp_path / "rep2"), "--json", cwd=d).stdout)
     assert {(t["mode"], t["items"], t["mean_score"]) for t in js["table"]} == {("rlm", 2, 0.5), ("direct", 2, 0.0)}
+    # RLM minus direct on the same two items: +1 and 0, mean +0.5; the paper-form table beside it.
+    assert "| needle | scripted/script.yaml | 2 | +0.500 (-5.85 to +6.85) |" not in r.stdout  # clipped to -1..1
+    assert "| needle | scripted/script.yaml | 2 | +0.500 (-1.00 to +1.00) | 1 | 0 |" in r.stdout
+    assert js["paired"] == [{"benchmark": "needle", "model": "scripted/script.yaml", "pairs": 2,
+                             "rlm_minus_direct": 0.5, "ci95": [-1.0, 1.0], "rlm_better": 1, "direct_better": 0}]
+    assert "| model · mode | needle |" in r.stdout and "| scripted/script.yaml · rlm | 50.0 ($0.0000) |" in r.stdout
+    assert "## RLM minus direct, on the same items" in md and "## Benchmark x mode" in md
     assert "not an eval run folder" in cli("eval", "report", str(tmp_path), cwd=d).stderr
 
 

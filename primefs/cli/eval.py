@@ -185,8 +185,9 @@ def _show(summary: dict, out_dir: Path, as_json: bool, extra: dict | None = None
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON instead of Markdown.")
 def report_cmd(runs, out, as_json):
     """Report on eval runs: a Markdown table per benchmark, model and mode (mean score with a 95%
-    confidence interval, tokens, cost, wall time, failures by stop reason) and PNG plots of score
-    against tokens, cost and context length. Writes report.md, report.json and the PNGs; prints the table."""
+    confidence interval, tokens, cost, wall time, failures by stop reason), RLM minus direct on paired
+    items, a benchmark x mode table, and PNG plots of score against tokens, cost and context length.
+    Writes report.md, report.json and the PNGs; prints the tables."""
     from primefs.eval.report import write_report
 
     out_dir = Path(out) if out else (Path(runs[0]) / "report" if len(runs) == 1
@@ -196,4 +197,7 @@ def report_cmd(runs, out, as_json):
         click.echo(json.dumps(report, indent=2))
         return
     click.echo(report["markdown"])
+    if report["paired_markdown"]:
+        click.echo("\nRLM minus direct, on the same items:\n" + report["paired_markdown"])
+    click.echo("\nBenchmark x mode (score x 100, cost per item):\n" + report["paper_markdown"])
     click.echo(f"\nreport: {out_dir / 'report.md'}  plots: " + ", ".join(Path(f).name for f in report["files"][1:]))

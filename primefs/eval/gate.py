@@ -31,7 +31,7 @@ def decide(before: dict, after: dict) -> dict:
     if not ids:
         raise PrimefsError("the gate runs share no item")
     b, a = [before[i] for i in ids], [after[i] for i in ids]
-    diff, low, high = mean_ci([y - x for x, y in zip(b, a)])
+    diff, low, high = mean_ci([y - x for x, y in zip(b, a)], (-1.0, 1.0))
     newly_failed = [i for i in ids if before[i] >= 1.0 > after[i]]
     kept = statistics.fmean(a) >= statistics.fmean(b) and not newly_failed
     return {"kept": kept, "items": len(ids), "before": round(statistics.fmean(b), 4),

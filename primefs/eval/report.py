@@ -1,9 +1,10 @@
 """`primefs eval report RUN_DIR...`: a Markdown table and PNG plots over one or more eval runs.
 
 Rows are grouped by (benchmark, model, mode). Per group: items, mean score with a 95% confidence
-interval (Student's t over the item scores, clipped to [0, 1]), tokens and wall time per item,
-total cost, and failures counted by stop reason. Plots: score against tokens, cost and context
-length, one colour per group (items faint, group means bold).
+interval (Student's t over the item scores, clipped to [0, 1]), tokens, cost and wall time per item,
+total cost, and failures counted by stop reason; RLM minus direct on paired items; a benchmark x
+mode table. Plots: score against tokens, cost and context length, one colour per group (items faint,
+group means bold).
 """
 from __future__ import annotations
 
@@ -29,12 +30,13 @@ def t95(df: int) -> float:
     return T95[max(k for k in T95 if k <= df)] if df < 120 else 1.960
 
 
-def mean_ci(scores: list[float]) -> tuple[float, float | None, float | None]:
+def mean_ci(scores: list[float], bounds: tuple[float, float] = (0.0, 1.0)) -> tuple[float, float | None, float | None]:
+    """The mean and its 95% interval, clipped to `bounds` (scores 0-1; differences of scores -1 to 1)."""
     m = statistics.fmean(scores)
     if len(scores) < 2:
         return m, None, None
     half = t95(len(scores) - 1) * statistics.stdev(scores) / math.sqrt(len(scores))
-    return m, max(0.0, m - half), min(1.0, m + half)
+    return m, max(bounds[0], m - half), min(bounds[1], m + half)
 
 
 def model_label(record: dict) -> str:
@@ -71,6 +73,7 @@ def stats(g: dict) -> dict:
             "mean_score": round(mean, 4), "ci95": [round(low, 4), round(high, 4)] if low is not None else None,
             "tokens_per_item": round(statistics.fmean(r["tokens"] for r in rows), 1),
             "cost_usd": round(sum(r.get("cost_usd", 0.0) for r in rows), 6),
+            "cost_usd_per_item": round(statistics.fmean(r.get("cost_usd", 0.0) for r in rows), 6),
             "wall_s_per_item": round(statistics.fmean(r.get("wall_s", 0.0) for r in rows), 2),
             "context_chars_mean": round(statistics.fmean(r.get("context_chars") or 0 for r in rows)),
             "cut_items": sum(1 for r in rows if r.get("cut_chars")),
@@ -78,16 +81,60 @@ def stats(g: dict) -> dict:
 
 
 def markdown_table(table: list[dict]) -> str:
-    lines = ["| benchmark | model | mode | items | mean score (95% CI) | tokens/item | cost $ | wall s/item "
-             "| failures (stop reason) | context chars (mean) | cut to window |",
-             "|---|---|---|---:|---|---:|---:|---:|---|---:|---:|"]
+    lines = ["| benchmark | model | mode | items | mean score (95% CI) | tokens/item | cost $ | cost $/item "
+             "| wall s/item | failures (stop reason) | context chars (mean) | cut to window |",
+             "|---|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|"]
     for s in table:
         ci = f" ({s['ci95'][0]:.2f}-{s['ci95'][1]:.2f})" if s["ci95"] else ""
         fails = ", ".join(f"{k}: {v}" for k, v in s["failures"].items()) or "none"
         cut = f"{s['cut_items']} of {s['items']}" if s["mode"] == "direct" else "-"
         lines.append(f"| {s['benchmark']} | {s['model']} | {s['mode']} | {s['items']} | {s['mean_score']:.3f}{ci} "
-                     f"| {s['tokens_per_item']:,.0f} | {s['cost_usd']:.4f} | {s['wall_s_per_item']:.2f} | {fails} "
+                     f"| {s['tokens_per_item']:,.0f} | {s['cost_usd']:.4f} | {s['cost_usd_per_item']:.4f} "
+                     f"| {s['wall_s_per_item']:.2f} | {fails} "
                      f"| {s['context_chars_mean']:,} | {cut} |")
+    return "\n".join(lines)
+
+
+def paired(groups: list[dict]) -> list[dict]:
+    """RLM minus direct per benchmark and model, on the items both modes ran (same id and content)."""
+    by = {(g["benchmark"], g["model"], g["mode"]): g for g in groups}
+    out = []
+    for (bench, model, mode), g in by.items():
+        other = by.get((bench, model, "direct"))
+        if mode != "rlm" or other is None:
+            continue
+        direct = {(r["id"], r.get("item_sha")): r["score"] for r in other["rows"]}
+        diffs = [r["score"] - direct[k] for r in g["rows"] if (k := (r["id"], r.get("item_sha"))) in direct]
+        if not diffs:
+            continue
+        mean, low, high = mean_ci(diffs, (-1.0, 1.0))
+        out.append({"benchmark": bench, "model": model, "pairs": len(diffs), "rlm_minus_direct": round(mean, 4),
+                    "ci95": [round(low, 4), round(high, 4)] if low is not None else None,
+                    "rlm_better": sum(d > 0 for d in diffs), "direct_better": sum(d < 0 for d in diffs)})
+    return out
+
+
+def paired_table(pairs: list[dict]) -> str:
+    lines = ["| benchmark | model | paired items | RLM - direct (95% CI) | RLM better | direct better |",
+             "|---|---|---:|---|---:|---:|"]
+    for p in pairs:
+        ci = f" ({p['ci95'][0]:+.2f} to {p['ci95'][1]:+.2f})" if p["ci95"] else ""
+        lines.append(f"| {p['benchmark']} | {p['model']} | {p['pairs']} | {p['rlm_minus_direct']:+.3f}{ci} "
+                     f"| {p['rlm_better']} | {p['direct_better']} |")
+    return "\n".join(lines)
+
+
+def paper_table(table: list[dict]) -> str:
+    """The RLM paper's form: a row per model and mode, a column per benchmark, score and cost per item."""
+    benches = sorted({s["benchmark"] for s in table})
+    cells = {(s["model"], s["mode"], s["benchmark"]): s for s in table}
+    lines = ["| model · mode | " + " | ".join(benches) + " |", "|---|" + "---|" * len(benches)]
+    for model, mode in sorted({(s["model"], s["mode"]) for s in table}):
+        row = []
+        for b in benches:
+            s = cells.get((model, mode, b))
+            row.append(f"{100 * s['mean_score']:.1f} (${s['cost_usd_per_item']:.4f})" if s else "-")
+        lines.append(f"| {model} · {mode} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -141,15 +188,23 @@ def write_report(run_dirs: list[Path], out: Path) -> dict:
         plot(groups, key, out / name)
         files.append(name)
     md = markdown_table(table)
+    pairs = paired(groups)
     runs = sorted({r for s in table for r in s["runs"]})
     text = ["# Eval report", "", md, "",
             "Mean score with a 95% confidence interval (Student's t over item scores, clipped to 0-1); "
             "tokens (input + output) and wall time are per item, over each item's whole session tree; "
-            "cost is the total. Failures: items whose last turn did not answer, by stop reason. "
+            "cost is the total and per item. Failures: items whose last turn did not answer, by stop reason. "
             "Cut to window: direct items whose context was cut to fit the model's input window.", "",
+            *(["## RLM minus direct, on the same items", "", paired_table(pairs), "",
+               "Per item, the RLM score minus the direct score of the same item (same id and content); the mean "
+               "with a 95% confidence interval (Student's t over the differences, clipped to -1..1).", ""]
+              if pairs else []),
+            "## Benchmark x mode", "", paper_table(table), "",
+            "Score x 100 (the mean) and cost per item in USD, in the form of the RLM paper's tables.", "",
             *[f"![{n[:-4].replace('_', ' ')}]({n})" for n in files], "", "Runs:",
             *[f"- `{r}`" for r in runs], ""]
     (out / "report.md").write_text("\n".join(text), encoding="utf-8")
-    report = {"table": table, "markdown": md, "files": [str(out / f) for f in ["report.md", *files]]}
+    report = {"table": table, "paired": pairs, "markdown": md, "paired_markdown": paired_table(pairs) if pairs else "",
+              "paper_markdown": paper_table(table), "files": [str(out / f) for f in ["report.md", *files]]}
     (out / "report.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     return report
