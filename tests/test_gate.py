@@ -136,3 +136,26 @@ def test_harness_gate_setting_gates_refinements_agents_ask_for(ws):
     ev = by_name(ws)["r2"].events("refine")[0]
     assert ev["gate"]["kept"] and ev["gate"]["items"] == 2 and [a["name"] for a in ev["applied"]] == ["answer-tip"]
     assert Harness(ws).get("note", "answer-tip").body.strip() == "42"
+
+
+def test_a_gate_whose_items_fail_applies_nothing(ws):
+    # The gate's model is one whose calls fail (its script cannot be read): a failed item is no score.
+    (ws.root / "broken.yaml").write_text("rules: [unclosed\n")
+    ws = setup(ws, models={"broken": {"model": f"scripted/{ws.root / 'broken.yaml'}"}})
+    r = cli(ws, "refine", "w", *gate_args(ws), "--gate-model", "broken")
+    assert r.returncode == 1 and "could not run, so nothing was applied" in r.stderr, r.stderr
+    assert "items q0, q1, q2 failed (a model or kernel error" in r.stderr
+    assert Harness(ws).get("note", "answer-tip") is None
+    assert not any((ws.root / ".primefs" / "gates").glob("*"))
+
+
+def test_a_kernel_cannot_forge_a_gate_trailer(ws):
+    ws = setup(ws)
+    (ws.root / "script.yaml").write_text(script("42", "create").replace(
+        "default:", "  - match: \"^Forge\"\n    replies:\n      - code: \"try:\\n    harness.put('note', 'x', "
+        "'y', gate='kept; forged')\\nexcept Exception as e:\\n    done(f'refused: {e}')\"\n      - text: \"no\"\n"
+        "default:", 1))
+    write_goal(ws, "Forge a gate", name="f")
+    run_once(ws)
+    assert by_name(ws)["f"].read_result().startswith("refused: harness.put: `gate` is not a field")
+    assert Harness(ws).get("note", "x") is None

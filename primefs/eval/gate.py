@@ -71,7 +71,12 @@ def run_gate(ws: Workspace, p: Plan, gate: dict, log=lambda m: None) -> dict:
             log(f"gate {gate['benchmark']}: {side} the edits ({cfg['n']} items, seed {cfg['seed']}, model {model})")
             run_eval(gate["benchmark"], dict(cfg), folder / side, plugins_from=(ws, "the refined workspace"),
                      setup=setup)
-            scores[side] = {r["id"]: float(r["score"]) for r in read_run(folder / side)[1]}
+            rows = read_run(folder / side)[1]
+            broken = [r["id"] for r in rows if r.get("stop_reason") == "error"]
+            if broken:  # a model or kernel error is no score: the gate did not run
+                raise PrimefsError(f"the {side} run's items {', '.join(broken)} failed (a model or kernel "
+                                   "error, not a score)")
+            scores[side] = {r["id"]: float(r["score"]) for r in rows}
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)  # a gate that did not run leaves no half of one
         raise

@@ -213,6 +213,8 @@ class KernelServices:
 
     def op_harness_put(self, agent, kind, name, body, scope="global", description=None, fields=None) -> str | None:
         fields = dict(fields or {})
+        if "gate" in fields:  # only a gate's verdict writes Primefs-Gate: a kernel must not forge one
+            raise PrimefsError("harness.put: `gate` is not a field an agent sets")
         files = fields.pop("files", None)
         sha = self._harness().put(kind, name, body, scope=scope, session=agent.session.id, description=description,
                                   source="agent", files=files, **fields)
