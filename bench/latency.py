@@ -47,7 +47,7 @@ def _stats(values: list[float]) -> dict:
 
 
 def steps_harness_only() -> dict:
-    ws = scripted_workspace(SCRIPT, {"max_steps_per_turn": 100})
+    ws = scripted_workspace(SCRIPT, {"max_steps_per_turn": 100, "loop_window": 0, "loop_repeat": 0})
     (ws.goals / "steps.md").write_text("Steps\n")
     _, _, r = run_cli(ws, "run", "--once", "--quiet")
     s = list_sessions(ws.sessions)[0]
@@ -57,7 +57,7 @@ def steps_harness_only() -> dict:
 
 def steps_with_litellm() -> dict:
     with ScriptServer(STEP_REPLIES) as server:
-        ws = scripted_workspace(SCRIPT, {"max_steps_per_turn": 100})
+        ws = scripted_workspace(SCRIPT, {"max_steps_per_turn": 100, "loop_window": 0, "loop_repeat": 0})
         configure_model(ws, {"model": "openai/test-model", "api_base": server.url, "api_key": "k",
                              "tool_mode": "native"})
         (ws.goals / "steps.md").write_text("Steps\n")

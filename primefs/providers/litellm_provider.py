@@ -119,12 +119,7 @@ def _to_reply(litellm, response, model: str) -> ModelReply:
     calls = [ToolCall(id=c.id or f"call_{i}", name=c.function.name or "", arguments=c.function.arguments or "")
              for i, c in enumerate(message.tool_calls or [])]
     usage = getattr(response, "usage", None)
-    cost, known = 0.0, False
-    try:
-        cost = float(litellm.completion_cost(completion_response=response) or 0.0)
-        known = True
-    except Exception:  # unknown model: no price; counted as 0 and marked unknown
-        pass
+    cost, known = _cost(litellm, response)
     return ModelReply(
         text=message.content or "",
         tool_calls=calls,
@@ -135,6 +130,20 @@ def _to_reply(litellm, response, model: str) -> ModelReply:
         cost_known=known,
         model=getattr(response, "model", None) or model,
     )
+
+
+def _cost(litellm, response) -> tuple[float, bool]:
+    """(cost in USD, whether litellm knows the model's price). litellm prices every response as it builds it
+    (`_hidden_params["response_cost"]`, None for a model it has no price for, cached tokens priced as such):
+    pricing it again costs ~1 ms a call, more for an unknown model (a failed lookup is never cached)."""
+    hidden = getattr(response, "_hidden_params", None) or {}
+    if "response_cost" in hidden:
+        cost = hidden["response_cost"]
+        return (float(cost), True) if isinstance(cost, (int, float)) else (0.0, False)
+    try:
+        return float(litellm.completion_cost(completion_response=response) or 0.0), True
+    except Exception:  # unknown model: no price; counted as 0 and marked unknown
+        return 0.0, False
 
 
 def _cache_tokens(usage) -> dict:
