@@ -11,11 +11,14 @@ scripted model, no network. Disk: ~80 MB of workspace per 1,000 sessions, remove
                                           # source tree on PYTHONPATH (e.g. `git archive main`), for "before"
     python bench/scale.py 10000 --lock /tmp/bench.lock    # measure holding flock(LOCK) (building does not):
                                           # other benchmarks that take the same lock do not disturb the timings
+    python bench/scale.py --ws DIR BIG_ROOT   # a workspace built before (bigworkspace.py), as it is
 
 Measured per N: the first `status --json` on histories without summaries or index (what the first
 command after an upgrade pays), `reindex`, `status --json`, `status`, `usage` of the 1,000-session
 tree, three `logs` queries, `git status`, one turn commit (gitops.commit_paths of one changed session),
 and a runner's start to the first turn of a new goal (`run --once`, from process start to `turn_start`).
+Then `status`, `status --json`, `logs -n 20` and `usage` again while a runner runs (`primefs up`), once its
+change journal is trusted (median of 5).
 """
 from __future__ import annotations
 
@@ -115,7 +118,36 @@ def measure(ws: Path, big_root: str, env: dict | None = None, first: bool = True
         out["git status"] = median(lambda: git_status(ws))
         out["turn commit"] = median(lambda: turn_commit(ws))
     out["run --once: start to first turn"] = median(lambda: first_turn(ws, env))
+    if first:
+        out.update(with_runner(ws, big_root, env))
     return out
+
+
+def with_runner(ws: Path, big_root: str, env: dict | None = None) -> dict:
+    """The same commands while a runner runs (`primefs up`), once its change journal is trusted: commands
+    look at the sessions it names, not at every session (docs/workspace.md, `.primefs/changed/`)."""
+    from primefs.index.db import Index
+
+    subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws), "up"], check=True, env=env or ENV,
+                   capture_output=True, timeout=600)
+    try:
+        started = time.monotonic()
+        while True:
+            with Index(ws) as index:
+                if index.trusted():
+                    break
+            if time.monotonic() - started > 600:
+                raise SystemExit("the runner's journal was never trusted")
+            time.sleep(0.2)
+        out = {"runner up: journal trusted after start": round(time.monotonic() - started, 2)}
+        for label, args in (("status --json", ("status", "--json")), ("status", ("status",)),
+                            ("logs -n 20", ("logs", "-n", "20")),
+                            ("usage (1,000-session tree)", ("usage", big_root, "--json"))):
+            out[f"runner up: {label}"] = median(lambda: timed(ws, *args, env=env), repeat=5)
+        return out
+    finally:
+        subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws), "down"], env=env or ENV, capture_output=True,
+                       timeout=600)
 
 
 class Locked:
@@ -175,8 +207,22 @@ def main(sizes: list[int], keep: bool, before: str | None, lock: str | None) -> 
         f"{results[n]['load']['load at start']} .. {results[n]['load']['load at end']}" for n in sizes) + " |")
 
 
+def existing(ws: Path, big_root: str, lock: str | None) -> None:
+    """Measure a workspace built before (bigworkspace.py): summaries and index as they are (no first look)."""
+    out: dict = {}
+    with Locked(lock, out):
+        out.update(measure(ws, big_root, first=False))
+        out.update(with_runner(ws, big_root))
+    for k, v in out.items():
+        print(f"| {k} | {v} |")
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if "--ws" in args:  # python bench/scale.py --ws DIR BIG_ROOT: an existing workspace
+        at = args.index("--ws")
+        existing(Path(args[at + 1]), args[at + 2], args[args.index("--lock") + 1] if "--lock" in args else None)
+        raise SystemExit(0)
     before = args[args.index("--before") + 1] if "--before" in args else None
     lock = args[args.index("--lock") + 1] if "--lock" in args else None
     sizes = [int(a) for a in args if a.isdigit()] or [1000, 10000, 50000]

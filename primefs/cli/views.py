@@ -2,18 +2,24 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import click
 
 from primefs.cli.options import print_table, workspace, ws_option
 from primefs.errors import PrimefsError
-from primefs.index.accounting import UsageIndex, tree_order
-from primefs.index.db import find_session
+from primefs.index.accounting import UsageIndex, tops, tree_order
+from primefs.index.db import Index, find_session
 from primefs.store.control import lock_held
 from primefs.store.fsutil import read_json_dict
+from primefs.store.summary import META
 from primefs.store.session import subtree
 from primefs.views.console import err, out
-from primefs.views.sessions import FINISHED_TREES, Row, arrange, table
+from primefs.views.sessions import FINISHED_TREES, Row, arrange, table, unread_trees
+
+
+STATUS_COLUMNS = ("id", *META, "turns", "result", "usage", "broken")  # what session_record reads of a row
+LIGHT_COLUMNS = ("id", "parent", "status", "goal", "broken")  # what folding and goal_problems need
 
 
 def session_record(index: UsageIndex, sid: str) -> dict:
@@ -32,19 +38,41 @@ def session_record(index: UsageIndex, sid: str) -> dict:
             "usage": index.own[sid], "tree_usage": index.tree(sid)}
 
 
-def goal_problems(ws, index: UsageIndex) -> list[str]:
-    """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line)."""
+def folded(ws) -> tuple[UsageIndex, list, dict]:
+    """`status` as it folds (no --all, SESSION or --json), at any number of sessions: the light rows of every
+    session say which trees it shows; only their sessions are read whole. Returns the usage index of those,
+    the display order (an id, or a Row standing for a tree folded into the "+N older trees" line unread),
+    and the light rows of every session (for goal_problems)."""
+    with Index(ws.root) as db:
+        light = db.sync(columns=LIGHT_COLUMNS)
+        every = UsageIndex(rows=light)
+        trees = [(top, subtree(every.children, top)) for top in tops(every)]
+        counts = [(top, Counter("broken" if m in every.broken else light[m]["status"] for m in members))
+                  for top, members in trees]
+        unread = unread_trees(counts, FINISHED_TREES)
+        read = [sid for top, members in trees if top not in unread for sid in members]
+        index = UsageIndex(rows=db.rows(read, columns=STATUS_COLUMNS) if read else {})
+    shown: list = []
+    for (top, members), (_, c) in zip(trees, counts):
+        shown += [Row(id=top, name=top, parent=None, status=light[top]["status"], counts=c)] if top in unread \
+            else members
+    return index, shown, light
+
+
+def goal_problems(ws, rows: dict) -> list[str]:
+    """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line). `rows`: the
+    index's rows of every session (id, goal, broken at least)."""
     from primefs.harness.entries import Harness
     from primefs.plugins import end_conditions, plugin_manager
     from primefs.runner.intake import REJECTED
     from primefs.store.goals import goal_listing, parse_goal
     from primefs.store.session import broken_goal_line
 
-    taken = {s.meta.get("goal") for s in index.sessions.values()}
-    taken |= {broken_goal_line(ws.sessions / sid / "session.yaml") for sid in index.broken}
+    taken = {r.get("goal") for r in rows.values() if not r["broken"]}
+    taken |= {broken_goal_line(ws.sessions / sid / "session.yaml") for sid, r in rows.items() if r["broken"]}
     conditions = None
     problems = [f"error: harness file skipped: {e.problem}" for e in Harness(ws).list(all_sessions=True) if e.problem]
-    problems += [f"error: session broken: {p}" for p in index.problems]
+    problems += [f"error: session broken: {r['broken']}" for r in rows.values() if r["broken"]]
     files, strays = goal_listing(ws)
     problems += [f"error: {stray}" for stray in strays]
     running = lock_held(ws)
@@ -103,19 +131,23 @@ def status(ctx, session, show_all, as_json):
     and cost include all descendants.
     """
     ws = workspace(ctx)
-    index = UsageIndex(ws.sessions)
-    order = tree_order(index)
     root = None
-    if session:
-        root = find_session(ws.sessions, session).id
-        wanted = set(subtree(index.children, root))
-        order = [sid for sid in order if sid in wanted]
-    records = [session_record(index, sid) for sid in order]
+    if as_json or show_all or session:
+        index = UsageIndex(ws.sessions, columns=STATUS_COLUMNS)
+        shown = tree_order(index)
+        if session:
+            root = find_session(ws.sessions, session).id
+            wanted = set(subtree(index.children, root))
+            shown = [sid for sid in shown if sid in wanted]
+        rows = index.rows
+    else:
+        index, shown, rows = folded(ws)
+    records = [session_record(index, sid) for sid in shown if isinstance(sid, str)]
     if not lock_held(ws):  # cut off mid-turn by a runner that stopped: not at work now
         for r in records:
             if r["status"] == "running":
                 r["interrupted"] = True
-    problems = [] if session else goal_problems(ws, index)
+    problems = [] if session else goal_problems(ws, rows)
     if as_json:
         # one object per line: json's C encoder (an indented dump of 10,000 sessions takes a second)
         click.echo("[\n" + ",\n".join(json.dumps(r, default=str) for r in records) + "\n]" if records else "[]")
@@ -126,7 +158,9 @@ def status(ctx, session, show_all, as_json):
 
     console = out()
     if records:
-        items = arrange([status_row(r) for r in records], fold=not show_all, root=root, trees=FINISHED_TREES)
+        by_id = {r["id"]: status_row(r) for r in records}
+        items = arrange([by_id[x] if isinstance(x, str) else x for x in shown], fold=not show_all, root=root,
+                        trees=FINISHED_TREES)
         width = console.width if console.is_terminal else max(console.width, 160)  # piped: ids and whole names
         print_table(table(items, width, last="goal / result"), width)
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -160,7 +161,7 @@ class Harness:
         `all_sessions`: every global and every session-local entry, nothing shadowed (for listings)."""
         kinds = [check_kind(kind)] if kind else list(KINDS)
         if all_sessions:
-            sessions = sorted(p.parent.name for p in self.ws.sessions.glob("*/harness") if p.is_dir())
+            sessions = self._with_harness()
         seen: set[tuple] = set()
         out: list[Entry] = []
         for scope, sid, base in self._locations(sessions):
@@ -185,6 +186,16 @@ class Harness:
                         except OSError:  # removed while we listed: not an entry any more
                             pass
         return sorted(out, key=lambda e: (KINDS.index(e.kind), e.name, e.scope != "session"))
+
+    def _with_harness(self) -> list[str]:
+        """Ids of the sessions that have a harness folder: one stat each (pathlib's glob costs 3-4 times more)."""
+        base = str(self.ws.sessions)
+        try:
+            with os.scandir(base) as it:
+                ids = [e.name for e in it if not e.name.startswith(".")]
+        except OSError:
+            return []
+        return sorted(sid for sid in ids if os.path.isdir(f"{base}/{sid}/harness"))
 
     # -- changing -----------------------------------------------------------------------------------
     def put(self, kind: str, name: str, body: str | None = None, *, scope: str = "global",

@@ -41,9 +41,14 @@ def add(a: dict, b: dict) -> dict:
 class UsageIndex:
     """Own and tree usage of every session of a workspace, or of one tree (`root`), from the index."""
 
-    def __init__(self, sessions_dir: Path, root: str | None = None):
-        with Index(Path(sessions_dir).parent) as index:
-            self.rows = index.tree(root) if root else index.sync()
+    def __init__(self, sessions_dir: Path | None = None, root: str | None = None, columns: tuple | None = None,
+                 rows: dict | None = None):
+        """`columns`: of the rows of every session, only these (Index.rows; `id`, `parent` and `broken` are
+        needed here, `usage` for usage). `rows`: these rows (id -> row), the index not asked."""
+        if rows is None:
+            with Index(Path(sessions_dir).parent) as index:
+                rows = index.tree(root) if root else index.sync(columns=columns)
+        self.rows = rows
         self.sessions: dict[str, Entry] = {}
         self.problems: list[str] = []
         self.broken: dict[str, str] = {}  # id -> why its session.yaml cannot be used (shown, not fatal)
@@ -55,24 +60,35 @@ class UsageIndex:
                 self.sessions[sid] = Entry(row)
         self.children: dict[str | None, list[str]] = defaultdict(list)
         for sid, s in self.sessions.items():
-            self.children[s.meta.get("parent")].append(sid)
-        self.own = {sid: row["usage"] for sid, row in self.rows.items()}  # a broken one's history still counts
+            self.children[s.row.get("parent")].append(sid)
+        self.own = {sid: row.get("usage") for sid, row in self.rows.items()}  # a broken one's history still counts
         self._tree: dict[str, dict] = {}
 
     def tree(self, sid: str) -> dict:
+        """The usage of `sid` and all its descendants. Each session's sum is made once, from its children's
+        (a subtree's sessions in reverse walk order: children before their parents), so asking for every
+        session costs one addition per session, not one per session and ancestor."""
         if sid in self.broken:
             return self.own[sid]
         if sid not in self._tree:
-            total = dict(self.own[sid])
-            for child in subtree(self.children, sid)[1:]:
-                total = add(total, self.own[child])
-            self._tree[sid] = total
+            for node in reversed(subtree(self.children, sid)):
+                if node not in self._tree:
+                    total = self.own[node]  # a leaf's sum is its own usage (never changed in place)
+                    for child in self.children.get(node, ()):
+                        if child in self._tree:  # else cut from the walk: a cycle of parents
+                            total = add(total, self._tree[child])
+                    self._tree[node] = total
         return self._tree[sid]
+
+
+def tops(index) -> list[str]:
+    """The sessions shown at the top of a tree: broken ones and those whose parent is not known, then roots, in
+    creation order each."""
+    orphans = [sid for sid, s in index.sessions.items()
+               if s.row.get("parent") and s.row["parent"] not in index.sessions]
+    return sorted(orphans + list(getattr(index, "broken", {}))) + sorted(index.children.get(None, []))
 
 
 def tree_order(index) -> list[str]:
     """Roots in creation order, each followed by its descendants (depth first)."""
-    orphans = [sid for sid, s in index.sessions.items()
-               if s.meta.get("parent") and s.meta.get("parent") not in index.sessions]
-    tops = sorted(orphans + list(getattr(index, "broken", {}))) + sorted(index.children.get(None, []))
-    return [sid for top in tops for sid in subtree(index.children, top)]
+    return [sid for top in tops(index) for sid in subtree(index.children, top)]

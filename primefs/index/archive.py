@@ -40,6 +40,7 @@ from primefs.index.events import index_histories, sync_events
 from primefs.store import summary as summaries
 from primefs.store.fsutil import NAME_RE, fsync_dir, open_regular, walk_tree, write_atomic
 from primefs.store.gitops import commit_paths, git
+from primefs.store.journal import mark_session
 from primefs.store.mail import what_waits
 from primefs.store.session import subtree
 from primefs.store.settings import FINISHED
@@ -153,7 +154,8 @@ def _index_staged(index: Index, stage: Path, members: list[str]) -> None:
         s = summaries.fresh(folder, write=False)
         rows.append(row_of(s, read_result(folder), [s["history"], s["meta_key"], stat_key(folder / "result.md")]))
     index.write(index.store, rows, [])
-    index_histories(index, {sid: stage / sid for sid in members}, members)
+    staged = set(members)
+    index_histories(index, lambda sid: stage / sid if sid in staged else None, members)
 
 
 def _write_zip(ws, stage: Path, journal: dict) -> None:
@@ -249,6 +251,7 @@ def roll_back(ws, stage: Path) -> list[str]:
             continue
         if not dst.exists():
             os.rename(src, dst)
+            mark_session(dst)  # back in sessions/: its row is brought up to date (store/journal.py)
             continue
         _keep_aside(ws, stage.name, src, src.relative_to(stage).as_posix().replace("/", "--"), aside)
     (ws.root / (journal["file"] + ".tmp")).unlink(missing_ok=True)

@@ -100,7 +100,10 @@ class Database:
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
-        db.execute("SELECT 1 FROM sessions, events, events_text, archives LIMIT 0")  # damaged tables fail here
+        # Added beside version 7's tables, not as a new version (which would index every event again): older
+        # primefs versions ignore it. key -> value: "watched", the runner whose change journal is trusted.
+        db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
+        db.execute("SELECT 1 FROM sessions, events, events_text, archives, state LIMIT 0")  # damaged tables fail here
         db.execute("PRAGMA synchronous=NORMAL")
 
     def remove_files(self) -> None:
@@ -148,6 +151,14 @@ class Database:
                 db.execute("ROLLBACK")
                 raise
         return self.run(tx, *args)
+
+    def get_state(self, key: str) -> str | None:
+        row = self.run(lambda db: db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone())
+        return row[0] if row else None
+
+    def set_state(self, key: str, value: str | None) -> bool:
+        return self.write(lambda db: db.execute("INSERT INTO state (key, value) VALUES (?, ?) ON CONFLICT(key) "
+                                                "DO UPDATE SET value = excluded.value", (key, value)))
 
     def close(self) -> None:
         with self.lock:

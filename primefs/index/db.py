@@ -18,6 +18,7 @@ from pathlib import Path
 
 from primefs.errors import PrimefsError
 from primefs.index.database import Database
+from primefs.store import journal
 from primefs.store import summary as summaries
 from primefs.store.fsutil import read_regular
 from primefs.store.session import Session, subtree
@@ -25,6 +26,8 @@ from primefs.store.summary import META, stat_key
 
 COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
 LIGHT = ("id", "parent", "status", "goal", "broken", "place")  # what the runner's start needs
+JSON_COLUMNS = ("usage", "last", "marks")
+WATCHED = "watched"  # the state key naming the runner whose journal is trusted (runner_token)
 ARCHIVING = "archiving"  # .primefs/archiving/<root>/<id>: a folder on its way into a zip (archive.py)
 
 
@@ -72,11 +75,16 @@ class Entry:
     """A session as the index has it: `id`, `meta` (the session.yaml fields status shows), `row`
     (turns, result, usage, last event)."""
 
-    __slots__ = ("id", "meta", "row")
+    __slots__ = ("id", "_meta", "row")
 
     def __init__(self, row: dict):
-        self.id, self.row = row["id"], row
-        self.meta = {"id": row["id"], **{k: row[k] for k in META}}
+        self.id, self.row, self._meta = row["id"], row, None
+
+    @property
+    def meta(self) -> dict:  # made when asked: `status` holds 50,000 entries and reads few of them whole
+        if self._meta is None:
+            self._meta = {"id": self.id, **{k: self.row.get(k) for k in META}}  # a light row: only some of them
+        return self._meta
 
 
 class Index(Database):
@@ -87,12 +95,60 @@ class Index(Database):
         self.sessions_dir = self.root / "sessions"
 
     # -- sessions -------------------------------------------------------------------------------------
-    def sync(self, ids: list[str] | None = None, *, meta_only: bool = False, light: bool = False) -> dict[str, dict]:
+    def trusted(self) -> bool:
+        """Whether the change journal (store/journal.py) holds every change since the rows were last complete:
+        the runner that made them complete (runner/journalwatch.py) still runs and watches. Then bringing every
+        row up to date is looking at the journal's sessions only; otherwise at every session."""
+        from primefs.store.control import runner_token
+        from primefs.store.workspace import Workspace
+
+        token = runner_token(Workspace(self.root))
+        return token is not None and token == self.get_state(WATCHED)
+
+    def sync(self, ids: list[str] | None = None, *, meta_only: bool = False, light: bool = False,
+             columns: tuple | None = None) -> dict[str, dict]:
         """Bring the rows of these session folders (default: every folder under sessions/) up to date
         with their files; rows of folders that are gone are dropped. Returns id -> row of the folders
         looked at (those without a session.yaml left out). `meta_only`: only what session.yaml says
         must be current (parent, goal, status: the runner's start), one stat per session; rows with
-        only those fields and `marks`. `light`: all brought up to date, rows of unchanged sessions light."""
+        only those fields and `marks`. `light`: all brought up to date, rows of unchanged sessions light;
+        `columns`: rows of unchanged sessions with these columns only (rows()).
+        Every folder: through the change journal when it is trusted (only changed sessions looked at)."""
+        if ids is None and self._journal():
+            return self.rows(None, light=meta_only or light, columns=columns, archived=False)
+        if ids is not None or meta_only:  # (meta_only reads no history: it must leave the journal as it is)
+            return self._sync(ids, meta_only=meta_only, light=light, columns=columns)
+        taken = journal.take(self.root)  # taken before the look at every session, which covers it
+        out = self._sync(None, light=light, columns=columns)
+        journal.done(self.root, taken)
+        return out
+
+    def _journal(self) -> bool:
+        """If the journal is trusted: the rows of its sessions brought up to date (True); else nothing (False:
+        the journal is left for a look at every session to take)."""
+        if not self.trusted():
+            return False
+        taken = journal.take(self.root)
+        self._changed(taken)
+        journal.done(self.root, taken)
+        return True
+
+    def _changed(self, ids: list[str]) -> None:
+        """The rows of these (journaled) sessions brought up to date; those whose session.yaml is gone dropped
+        (as a look at every folder drops them)."""
+        if not ids:
+            return
+        out = self._sync(ids)
+        lost = [sid for sid in ids if sid not in out and not os.path.isfile(f"{self.sessions_dir}/{sid}/session.yaml")]
+        if lost:
+            staged = moving(self.root)  # on its way into an archive: still a session (archive.py step 5)
+            here = self.rows([sid for sid in lost if sid not in staged], light=True)
+            gone = [sid for sid, row in here.items() if row["place"] == ""]
+            if gone:
+                self.write(self.store, [], gone)
+
+    def _sync(self, ids: list[str] | None, *, meta_only: bool = False, light: bool = False,
+              columns: tuple | None = None) -> dict[str, dict]:
         present = session_ids(self.sessions_dir) if ids is None else ids
         query = "SELECT id, keys, place FROM sessions"
         args: tuple = ()
@@ -134,7 +190,7 @@ class Index(Database):
             self._mark_cycles(changed, out)
         missing = [sid for sid, row in out.items() if row is None]
         if missing:
-            stored = self.rows(None if ids is None else missing, light=meta_only or light)
+            stored = self.rows(None if ids is None else missing, light=meta_only or light, columns=columns)
             out.update((sid, stored[sid]) for sid in missing if sid in stored)
         return out
 
@@ -183,17 +239,21 @@ class Index(Database):
                        f"ON CONFLICT(id) DO UPDATE SET {updates}",
                        [tuple(json.dumps(r[c]) if c in ("usage", "last") else r[c] for c in COLUMNS) for r in rows])
 
-    def rows(self, ids: list[str] | None = None, light: bool = False) -> dict[str, dict]:
-        """Rows as stored (no files looked at): these ids, or all. `light`: only LIGHT and marks."""
-        columns = (*(LIGHT if light else COLUMNS), "marks")
-        sql = f"SELECT {', '.join(columns)} FROM sessions"
+    def rows(self, ids: list[str] | None = None, light: bool = False, columns: tuple | None = None,
+             archived: bool = True) -> dict[str, dict]:
+        """Rows as stored (no files looked at): these ids, or all (`archived` False: those in sessions/). `light`:
+        only LIGHT and marks; `columns`: only these (JSON ones parsed: a row's `last` or `marks` costs as much to
+        read as its usage)."""
+        columns = columns or (*(LIGHT if light else COLUMNS), "marks")
+        sql = f"SELECT {', '.join(columns)} FROM sessions" + ("" if archived else " WHERE place = ''")
         args: tuple = ()
         if ids is not None:
-            sql, args = sql + " WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)
+            sql, args = sql + (" WHERE " if archived else " AND ") + "id IN (SELECT value FROM json_each(?))", \
+                (json.dumps(ids),)
         out = {}
         for r in self.run(lambda db: db.execute(sql, args).fetchall()):
             row = dict(zip(columns, r))
-            for k in ("usage", "last", "marks"):
+            for k in JSON_COLUMNS:
                 if row.get(k) is not None:
                     row[k] = json.loads(row[k])
             if isinstance(row.get("usage"), dict):  # a row stored before its usage counted cached tokens
@@ -210,6 +270,8 @@ class Index(Database):
 
     def sync_new(self) -> None:
         """Rows of folders the index does not know, and of broken session.yaml files (mended?): one listing."""
+        if self._journal():
+            return
         present = session_ids(self.sessions_dir)
         known = dict(self.run(lambda db: db.execute("SELECT id, broken IS NOT NULL FROM sessions").fetchall()))
         todo = [sid for sid in present if known.get(sid, True)]
@@ -218,7 +280,10 @@ class Index(Database):
 
     def refresh(self) -> None:
         """Rows of new folders and of sessions whose session.yaml changed (a name or parent edited by hand,
-        a broken file mended) brought up to date: one stat per session (0.05 s at 10,000 sessions)."""
+        a broken file mended) brought up to date: one stat per session (0.05 s at 10,000 sessions), or the
+        journal's sessions when it is trusted."""
+        if self._journal():
+            return
         present = session_ids(self.sessions_dir)
         known = dict(self.run(lambda db: db.execute(  # session.yaml's stat as stored, in json.dumps's spelling
             "SELECT id, json_extract(keys, '$[1]') FROM sessions WHERE place = ''").fetchall()))

@@ -84,13 +84,17 @@ class EventIndexer:
 def sync_events(index: Index, ids: list[str] | None = None) -> int:
     """Index the events appended to these sessions' histories (default: every session in sessions/)
     since they were last indexed. Rows are brought up to date first. Returns events added."""
+    if ids is None:
+        index.sync(columns=("id",))  # every row in sessions/ current: the folders they name are there
+        return index_histories(index, lambda sid: index.sessions_dir / sid, None)
     rows = index.sync(ids, light=True)
-    return index_histories(index, {sid: index.sessions_dir / sid for sid in rows}, None if ids is None else list(rows))
+    return index_histories(index, lambda sid: index.sessions_dir / sid if sid in rows else None, list(rows))
 
 
-def index_histories(index: Index, folders: dict, ids: list[str] | None) -> int:
-    """Index what was appended to the histories of these sessions (id -> its folder, wherever it is now)
-    since their rows were last indexed; `ids`: the sessions to look at (None: every row in sessions/)."""
+def index_histories(index: Index, folder_of, ids: list[str] | None) -> int:
+    """Index what was appended to the histories of these sessions (`folder_of(id)`: its folder, wherever it
+    is now, or None) since their rows were last indexed; `ids`: the sessions to look at (None: every row in
+    sessions/)."""
     todo = index.run(lambda db: db.execute(  # those whose history's size (keys[0][2]) is not what was indexed
         "SELECT key, id, model, indexed, indexed_check, keys FROM sessions WHERE place = '' "
         "AND indexed IS NOT json_extract(keys, '$[0][2]')" +
@@ -99,10 +103,11 @@ def index_histories(index: Index, folders: dict, ids: list[str] | None) -> int:
     indexer = EventIndexer(index)
     for key, sid, model, indexed, check, keys in todo:
         history = json.loads(keys)[0]  # the history as the row's summary counted it (just brought up to date)
-        if sid not in folders or history is None or history[2] == indexed:
+        folder = folder_of(sid)
+        if folder is None or history is None or history[2] == indexed:
             continue  # all indexed (a file rewritten to the same size also changes the summary: reset below)
         try:
-            with open_regular(folders[sid] / "history.jsonl") as f:
+            with open_regular(folder / "history.jsonl") as f:
                 indexer.session(key, model, f, f.seek(0, 2), indexed, check)
         except OSError:
             continue

@@ -201,7 +201,7 @@ class Runner:
             self.guarded("scan", self.scan)
             if not once:
                 observer = watch(self.ws, self.alive,
-                                 lambda path, whole=False: self.guarded("a file event", self.hint, path, whole))
+                                 lambda path, whole=False: self.guarded("a file event", self.hint, path, whole), self.log)
                 self.log(f"runner {os.getpid()} in {self.ws.root}: {len(self.scheduler.queued | self.scheduler.active)} session(s) with work; "
                          "watching goals/ and mailboxes (Ctrl-C stops)")
             self._loop(once)

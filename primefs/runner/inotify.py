@@ -35,8 +35,8 @@ class Inotify:
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         self.on_path, self.on_overflow = on_path, on_overflow
-        self._paths: dict[int, Path] = {}
-        self._wds: dict[Path, int] = {}
+        self._paths: dict[int, str] = {}  # strings, not Paths: the runner watches every session folder
+        self._wds: dict[str, int] = {}
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._loop, name="primefs-inotify", daemon=True)
@@ -45,7 +45,7 @@ class Inotify:
     def add(self, folder: Path, mask: int = CHANGES) -> bool:
         """Watch a folder (again: its mask is replaced). False if it cannot be watched (gone, over the
         limit of watches): the runner's periodic look still covers it."""
-        folder = Path(folder)
+        folder = os.fspath(folder)
         wd = self._add_watch(self.fd, os.fsencode(folder), mask | IN_ONLYDIR)
         if wd < 0:
             return False
@@ -55,7 +55,7 @@ class Inotify:
 
     def remove(self, folder: Path) -> None:
         with self._lock:
-            wd = self._wds.pop(Path(folder), None)
+            wd = self._wds.pop(os.fspath(folder), None)
             if wd is not None:
                 self._paths.pop(wd, None)
         if wd is not None:
@@ -95,7 +95,7 @@ class Inotify:
                     if self._wds.get(folder) == wd:
                         self._wds.pop(folder)
             if folder is not None and not mask & IN_IGNORED:
-                self._guard(self.on_path, folder / os.fsdecode(name) if name else folder)
+                self._guard(self.on_path, Path(folder, os.fsdecode(name)) if name else Path(folder))
 
     @staticmethod
     def _guard(fn, *args) -> None:

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from primefs.runner.journalwatch import JournalWatch
 from primefs.store.control import REFINE_FILE, STOP_FILE, requests_dir
 
 # What in an awake session's folder can bring it work: not its history or summary, written at every event
@@ -39,15 +40,16 @@ def meaning(ws, path: Path) -> tuple[str, str | None]:
 
 
 class Watch:
-    def __init__(self, observer, alive):
-        self.observer, self.alive = observer, alive
+    def __init__(self, observer, alive, journal):
+        self.observer, self.alive, self.journal = observer, alive, journal
 
     def stop(self) -> None:
         self.observer.stop()
         self.alive.stop_watch()
+        self.journal.stop()
 
 
-def watch(ws, alive, on_path: Callable[..., None]) -> Watch:
+def watch(ws, alive, on_path: Callable[..., None], log: Callable[[str], None]) -> Watch:
     """Start watching, calling `on_path(path, whole)` for every change (`whole`: the file was renamed into
     place or closed after writing; sessions' events say nothing of it); returns the watch (call .stop())."""
     from watchdog.events import (
@@ -83,4 +85,6 @@ def watch(ws, alive, on_path: Callable[..., None]) -> Watch:
     observer.daemon = True
     observer.start()
     alive.start_watch(on_path)  # not watchdog on sessions/: its recursive watch grows with every session
-    return Watch(observer, alive)
+    journal = JournalWatch(ws, log)  # every session folder, for the index's change journal
+    journal.start()
+    return Watch(observer, alive, journal)

@@ -63,6 +63,23 @@ def read_lock_file(ws) -> tuple[int | None, float | None]:
     return pid, started
 
 
+def runner_token(ws) -> str | None:
+    """The running runner's identity: its lock file's "<pid> <start time>" while it holds the lock, else None
+    (the index trusts the change journal of one runner: index/db.py, "trusted")."""
+    if not lock_held(ws):
+        return None
+    pid, started = read_lock_file(ws)
+    if pid is None or started is None:
+        return None
+    try:  # a command holding the lock for an instant (runner_lock) leaves a dead runner's line in the file
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return f"{pid} {started!r}"
+
+
 def write_state(ws, state: dict) -> None:
     """The running runner's `.primefs/runner.json` (what `primefs runner` and `primefs tools` show)."""
     path = state_path(ws)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from primefs.store import events, livefeed, redact
+from primefs.store import events, journal, livefeed, redact
 from primefs.store.fsutil import NotRegular, open_regular
 
 
@@ -30,6 +30,7 @@ class History:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._seq: int | None = None
+        self._marker = journal.marker_of(self.path.parent)
 
     def _open(self) -> int:
         if self._fd is None:
@@ -58,6 +59,7 @@ class History:
             # a lone surrogate (a file name that is no UTF-8) goes in as its JSON escape, read back as U+FFFD
             os.write(fd, (json.dumps(event, ensure_ascii=False, default=str) + "\n").encode("utf-8", "backslashreplace"))
             self._seq += 1
+        journal.mark(self._marker)
         if livefeed._listeners:  # `run -v` in this process
             livefeed.publish(self.path.parent.name, event)
         return event

@@ -10,7 +10,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from primefs.store import redact
+from primefs.store import journal, redact
 from primefs.store import summary as summaries
 from primefs.store.frontmatter import dump_yaml, load_yaml
 from primefs.store.fsutil import read_regular, write_atomic
@@ -71,6 +71,7 @@ class Session:
             meta["updated"] = iso()
             write_atomic(self.dir / "session.yaml", dump_yaml(meta, safe=True), durable=False)
             self._meta_key = self._stat_key()
+            journal.mark(self.history._marker)
             return meta
 
     def set_status(self, status: str, **fields) -> None:
@@ -111,6 +112,7 @@ class Session:
 
     def write_result(self, text: str) -> None:
         write_atomic(self.dir / "result.md", text)
+        journal.mark(self.history._marker)
 
     def events(self, type: str | None = None) -> list[dict]:
         return read_events(self.dir / "history.jsonl", type)
@@ -153,6 +155,7 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
         write_atomic(final / "task.md", str(task), durable=False)
         (final / "history.jsonl").touch()
         write_atomic(final / "session.yaml", dump_yaml(meta, safe=True))
+        journal.mark_session(final)
     except BaseException:  # no half-made folder is left (a goal would leave one at every scan)
         shutil.rmtree(final, ignore_errors=True)
         raise

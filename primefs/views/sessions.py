@@ -34,6 +34,7 @@ class Row:
     busy: bool = False        # at work now (running, queued, waiting for children)
     depth: int = 0
     children: list = field(default_factory=list)
+    counts: Counter | None = None  # a tree not read whole (folded unseen): the statuses of all its sessions
 
 
 @dataclass
@@ -95,7 +96,18 @@ def arrange(rows: list[Row], fold: bool = True, root: str | None = None, trees: 
     return out
 
 
+def unread_trees(statuses: list[tuple[str, Counter]], trees: int) -> set[str]:
+    """Of the trees (top, the statuses of its sessions) in display order, those that `arrange(fold=True,
+    trees=trees)` folds into its "+N older trees" line: no session at work, failed or broken, and older than
+    the newest `trees` such trees. Their sessions need not be read (a Row with `counts` stands for each)."""
+    shown = set(ACTIVE) | {"failed", "broken"}
+    finished = [top for top, counts in statuses if not shown & set(counts)]
+    return set(finished[:max(0, len(finished) - trees)])
+
+
 def _statuses(r: Row) -> Counter:
+    if r.counts is not None:
+        return Counter(r.counts)
     c = Counter([r.status])
     for child in r.children:
         c.update(_statuses(child))
