@@ -63,6 +63,10 @@ class EventIndexer:
         def store(db):
             nonlocal added
             added = 0
+            # ids given here (each past the largest ever given: AUTOINCREMENT's own rule), so that every event
+            # and its text go in with one executemany each, not two statements per event
+            (last,) = db.execute("SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)").fetchone()
+            rows, text_rows = [], []
             for key, (old, old_check), (new, new_check), reset, events, texts in queued:
                 if db.execute("UPDATE sessions SET indexed = ?, indexed_check = ? WHERE key = ? AND indexed = ? "
                               "AND indexed_check = ?", (new, new_check, key, old, old_check)).rowcount != 1:
@@ -70,11 +74,14 @@ class EventIndexer:
                 if reset:  # its text entries stay behind, matched to no event (ids are never reused)
                     db.execute("DELETE FROM events WHERE session = ?", (key,))
                 for event, text in zip(events, texts):
-                    cur = db.execute("INSERT INTO events (session, n, ts, type, model, pos, len) VALUES (?,?,?,?,?,?,?)",
-                                     event)
+                    last += 1
+                    rows.append((last, *event))
                     if text:
-                        db.execute("INSERT INTO events_text (rowid, text) VALUES (?, ?)", (cur.lastrowid, text))
+                        text_rows.append((last, text))
                 added += len(events)
+            db.executemany("INSERT INTO events (id, session, n, ts, type, model, pos, len) VALUES (?,?,?,?,?,?,?,?)",
+                           rows)
+            db.executemany("INSERT INTO events_text (rowid, text) VALUES (?, ?)", text_rows)
 
         if not self.index.write(store):
             return  # locked by another writer all along: these are read again next time
