@@ -7,6 +7,8 @@
   the next request arriving, minus the cell's run time: litellm's client, both ways, is included.
 - goal -> answer with the runner already running (`primefs run`): a goal file appears; time until
   result.md exists (one cell, then the answer). Repeated 10 times; median.
+- goal -> first model request with the runner already running (litellm, the local HTTP server): a goal
+  file renamed into goals/; time until the server reads the session's first request. 15 goals.
 
     python bench/latency.py
 """
@@ -94,7 +96,37 @@ def goal_to_answer(repeats: int = 10) -> dict:
             "goal_to_answer_s_max": round(max(times), 3)}
 
 
+def goal_to_first_request(repeats: int = 15) -> dict:
+    """A runner up (`primefs run`, litellm against the local HTTP server): a goal file renamed into goals/ (as
+    `primefs goal` and the Python API write it), until its first model request reaches the server."""
+    with ScriptServer([{"text": "42"}] * (repeats + 2)) as server:
+        ws = scripted_workspace(SCRIPT)
+        configure_model(ws, {"model": "openai/test-model", "api_base": server.url, "api_key": "k", "tool_mode": "native"})
+        proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "--quiet"])
+        try:
+            def ask(name: str) -> float:
+                count = len(server.timings)
+                tmp = ws.goals / f".{name}.tmp"
+                tmp.write_text("Quick question\n")
+                started = time.time()
+                tmp.rename(ws.goals / f"{name}.md")
+                while len(server.timings) == count:
+                    time.sleep(0.0005)
+                return server.timings[count][0] - started
+
+            ask("warm")  # the runner's start, litellm's import, the first kernel: not what is measured
+            times = []
+            for i in range(repeats):
+                times.append(ask(f"g{i}"))
+                time.sleep(0.2)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return {"goal_to_first_request_ms": _stats(times)}
+
+
 if __name__ == "__main__":
     print(json.dumps({"step_overhead_harness_only": steps_harness_only()}))
     print(json.dumps({"step_overhead_with_litellm": steps_with_litellm()}))
     print(json.dumps(goal_to_answer()))
+    print(json.dumps(goal_to_first_request()))

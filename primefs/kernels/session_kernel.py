@@ -8,6 +8,7 @@ back and what did not. A kernel that dies mid-cell is replaced the same way, fro
 """
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ class SessionKernel:
         self.on_start = on_start  # told the node of each new kernel (the session's `node` in session.yaml)
         self.handle: KernelHandle | None = None
         self.dirty = False  # cells ran since the last snapshot (or restore)
+        self._starting: tuple[threading.Thread, list] | None = None  # start_soon(): its thread and its error
 
     @property
     def mode(self) -> str:
@@ -49,6 +51,30 @@ class SessionKernel:
                     node=self.handle.node, start_s=round(time.monotonic() - started, 4))
         self.on_start(self.handle.node)
         return self._restore(why) if why else None
+
+    def start_soon(self) -> None:
+        """Start a first kernel (none to restore, nothing to tell the model) in a thread of its own, so that a
+        new session's first model call does not wait ~0.1 s for it; ready() waits for it."""
+        error: list = []
+
+        def start():
+            try:
+                self.ensure()
+            except BaseException as exc:  # noqa: BLE001 - raised again by ready(), in the turn's thread
+                error.append(exc)
+
+        thread = threading.Thread(target=start, name="primefs-kernel-start", daemon=True)
+        self._starting = (thread, error)
+        thread.start()
+
+    def ready(self) -> None:
+        """Wait for a kernel start_soon() began; its start's error is raised here (once)."""
+        if self._starting is not None:
+            thread, error = self._starting
+            thread.join()
+            self._starting = None
+            if error:
+                raise error[0]
 
     def execute(self, code: str, timeout: float | None, on_timeout=None) -> CellResult:
         self.dirty = True

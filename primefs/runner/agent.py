@@ -161,7 +161,10 @@ class Agent:
             self.turns = sum(1 for e in events if e["type"] == "turn_start" and not e.get("resumed"))
             self.had_kernel = any(e["type"] == "kernel" for e in events)
 
-    def ensure_kernel(self) -> None:
+    def ensure_kernel(self, soon: bool = False) -> None:
+        """The session's kernel running (`soon`: a first one may start beside the model call: kernel.ready()
+        before a cell)."""
+        self.kernel.ready()
         if self.kernel.running():
             return
         why = None
@@ -173,6 +176,10 @@ class Agent:
             why = "it ended while the session was idle (killed from outside, or it crashed)"
         elif self.had_kernel:
             why = "the runner restarted"
+        if why is None and soon:
+            self.kernel.start_soon()
+            self.had_kernel, self.kernel_gone = True, None
+            return
         notice = self.kernel.ensure(why)
         self.had_kernel, self.kernel_gone = True, None
         if notice:
@@ -218,7 +225,16 @@ class Agent:
     def run_turn(self) -> str:
         """Run until a reply without code, done(), an error or the step limit. Returns the outcome."""
         self.ensure_conversation()
-        self.ensure_kernel()
+        self.ensure_kernel(soon=True)
+        try:
+            return self._turn()
+        finally:
+            try:
+                self.kernel.ready()  # a turn that ran no cell: its kernel started all the same
+            except Exception:  # noqa: BLE001 - the next turn starts it again, and says why if it fails
+                pass
+
+    def _turn(self) -> str:
         self.done_answer = None
         system = self.system_prompt()
         tools = [PYTHON_TOOL] if self.tool_mode == "native" else None
@@ -267,6 +283,7 @@ class Agent:
         asked = self.record("assistant", text=reply.text, calls=calls)
         if not cells:
             return self.finish(reply.text, "idle")
+        self.kernel.ready()
         with self.kernel_lock:
             ran = self._run_cells(asked, cells)
         if self.done_answer is not None:
