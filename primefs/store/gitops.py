@@ -276,7 +276,12 @@ def subject_for(marks: list[Mark], lines: list[str]) -> str:
 
 
 class Committer:
-    """Background, coalescing commits of session folders at turn boundaries."""
+    """Background, coalescing commits of session folders at turn boundaries: at most one commit every
+    EVERY_S seconds (what ends meanwhile goes into the next), unless flushed. A commit is ~7 git processes
+    (~30 ms of CPU): 1,000 children ending one by one made ~700 commits. Files are written (and synced)
+    before; a commit that a crash prevents is made by the next runner (commit_cut_off)."""
+
+    EVERY_S = 0.5
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -285,6 +290,8 @@ class Committer:
         self._cond = threading.Condition()
         self._busy = False
         self._closed = False
+        self._now = False  # flush(): commit what is pending without waiting for EVERY_S
+        self._last = 0.0  # monotonic time of the last commit's start
         self.errors: list[str] = []
         ignore_runtime(self.root)
         self._thread = threading.Thread(target=self._loop, name="primefs-committer", daemon=True)
@@ -304,6 +311,9 @@ class Committer:
                     self._cond.wait()
                 if not self._pending and self._closed:
                     return
+                while not (self._closed or self._now) and time.monotonic() < self._last + self.EVERY_S:
+                    self._cond.wait(self._last + self.EVERY_S - time.monotonic())
+                self._last, self._now = time.monotonic(), False
                 batch, self._pending = self._pending, {}
                 marks = [self._marks.pop(p) for p in batch if p in self._marks]
                 self._busy = True
@@ -323,6 +333,8 @@ class Committer:
     def flush(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
+            self._now = True
+            self._cond.notify_all()
             while (self._pending or self._busy) and time.monotonic() < deadline:
                 self._cond.wait(0.1)
 
