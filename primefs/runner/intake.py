@@ -140,6 +140,7 @@ class Intake:
 
     def adopt(self, session: Session) -> None:
         """A new session (from a goal or rlm()): link it into the tree and queue its first turn."""
+        self.tree.put(session)  # the object that knows its session.yaml: the turn's agent uses it
         self.tree.link(session.id, session.meta.get("parent"))
         self.on_adopt(session.id)
         self.scheduler.add(session.id)

@@ -159,7 +159,11 @@ def create_session(sessions_dir: Path, *, task: str, name: str | None, model: st
     except BaseException:  # no half-made folder is left (a goal would leave one at every scan)
         shutil.rmtree(final, ignore_errors=True)
         raise
-    return Session(final)
+    session = Session(final)
+    # what was just written, known without parsing it back (a runner makes thousands of children)
+    session._meta = check_session_meta(meta, f"sessions/{sid}/session.yaml")
+    session._meta_key = session._stat_key()
+    return session
 
 
 def context_files(context) -> dict[str, str]:
