@@ -6,6 +6,7 @@ All state is guarded by the bell's lock, so waiters can check it atomically.
 """
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from contextlib import contextmanager
@@ -49,10 +50,10 @@ class Scheduler:
 
     def dispatch(self) -> None:
         """Start workers for queued sessions while slots are free (call with the bell's lock held)."""
-        cap = self.cap()
-        for sid in sorted(self.queued - self.active):
-            if len(self.active - self.waiting) >= cap or self.bell.stopping:
-                break
+        free = self.cap() - len(self.active - self.waiting)
+        if free <= 0 or self.bell.stopping or not self.queued:
+            return  # (called at every ring: with thousands queued, sorting them each time cost seconds)
+        for sid in heapq.nsmallest(free, (s for s in self.queued if s not in self.active)):
             self.queued.discard(sid)
             self.active.add(sid)
             self.turns = [t for t in self.turns if not t.is_set()] + [self.workers.submit(self._worker, sid)]
