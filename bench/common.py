@@ -107,16 +107,20 @@ def run_cli(ws: Workspace, *args: str, memory_of: int | None = None) -> tuple[fl
 
 
 def step_overheads(events: list[dict]) -> list[float]:
-    """Harness time between a model reply and the next model request, minus the cell's own run time."""
-    out, last_end, cell_time = [], None, 0.0
+    """Harness time between a model reply and the next model request, minus the cell's own run time and minus
+    the wait of a first cell for the session's kernel (started beside the first model call: the kernel's
+    start, measured apart by bench/kernels.py)."""
+    out, last_end, cell_time, waited = [], None, 0.0, 0.0
     for e in events:
         if e["type"] == "model_call" and e.get("purpose") == "turn":
             start = e["ts"] - e["latency_s"]
             if last_end is not None:
-                out.append(start - last_end - cell_time)
-            last_end, cell_time = e["ts"], 0.0
+                out.append(start - last_end - cell_time - waited)
+            last_end, cell_time, waited = e["ts"], 0.0, 0.0
         elif e["type"] == "cell":
             cell_time += e.get("elapsed_s") or 0.0
+        elif e["type"] == "kernel" and last_end is not None:
+            waited = max(0.0, e["ts"] - last_end)
         elif e["type"] == "turn_end":
             last_end = None
     return out
