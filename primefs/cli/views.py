@@ -12,8 +12,8 @@ from primefs.index.accounting import UsageIndex, tops, tree_order
 from primefs.index.db import Index, find_session
 from primefs.store.control import lock_held
 from primefs.store.fsutil import read_json_dict
-from primefs.store.summary import META
 from primefs.store.session import subtree
+from primefs.store.summary import META
 from primefs.views.console import err, out
 from primefs.views.sessions import FINISHED_TREES, Row, arrange, table, unread_trees
 
