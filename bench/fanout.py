@@ -46,7 +46,10 @@ rules:
 
 
 def run(n: int, cap: int | None = None, ray: str | None = None, sandbox: bool = True) -> dict:
-    ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": cap} if cap else None, sandbox=sandbox)
+    limits = {"max_concurrent_sessions": cap} if cap else {}
+    if n > 1000:  # the root's one cell spawns and waits for all of them: longer than the default 120 s
+        limits["cell_timeout_s"] = 4 * 3600
+    ws = scripted_workspace(SCRIPT, limits, sandbox=sandbox)
     (ws.root / "n.txt").write_text(str(n))
     (ws.goals / "fan.md").write_text("Fan out to children\n")
     if ray:

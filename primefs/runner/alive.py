@@ -61,6 +61,7 @@ class Alive:
         self.frozen: set[str] = set()  # being archived: not looked at, never woken
         self.lock = threading.RLock()
         self._next_look = 0.0
+        self._next_line_look = 0.0  # the next look at the sessions queued for a slot (scan)
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -197,8 +198,22 @@ class Alive:
         """Awake sessions: each looked at; settled ones go dormant. Dormant ones: their mtimes, when due."""
         now = time.monotonic()
         with self.lock:
-            awake = list(self.awake)
-        for sid in sorted(set(awake) | set(self.scheduler.snapshot()["queued_sessions"])):
+            awake = set(self.awake)
+        state = self.scheduler.snapshot()
+        in_line = set(state["queued_sessions"]) - set(state["active_sessions"])
+        if now >= self._next_line_look:  # sessions waiting for a slot: their folders are watched, so this
+            started = time.monotonic()   # look is only the safety net, rate-limited like the dormant ones'
+            self._look_awake(sorted(in_line), now)  # (10,000 queued children took most of the runner's time)
+            self._next_line_look = time.monotonic() + max(LOOK_S, (time.monotonic() - started) / LOOK_SHARE)
+        self._look_awake(sorted(awake - in_line), now)
+        if now >= self._next_look:
+            started = time.monotonic()
+            self.look_dormant()
+            took = time.monotonic() - started
+            self._next_look = time.monotonic() + max(LOOK_S, took / LOOK_SHARE)
+
+    def _look_awake(self, sids: list[str], now: float) -> None:
+        for sid in sids:
             try:
                 self.look(sid)
                 if self.scheduler.busy(sid) or not self._status_in(sid, FINISHED):
@@ -208,11 +223,6 @@ class Alive:
                     self.settle(sid)
             except (PrimefsError, OSError) as exc:  # one broken session never stops the others
                 self.log(f"warning: session {sid}: {exc}")
-        if now >= self._next_look:
-            started = time.monotonic()
-            self.look_dormant()
-            took = time.monotonic() - started
-            self._next_look = time.monotonic() + max(LOOK_S, took / LOOK_SHARE)
 
     def look_dormant(self) -> None:
         """One or two stats per dormant session; a listing of sessions/ only when it changed."""
