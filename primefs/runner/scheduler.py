@@ -20,6 +20,7 @@ class Scheduler:
     def __init__(self, bell: Bell, cap: Callable[[], int], work: Callable[[str], bool], log):
         self.bell, self.cap, self.work_fn, self.log = bell, cap, work, log
         self.queued: set[str] = set()   # sessions with input waiting for a turn
+        self._line: list[str] = []  # the queued ids as a heap, oldest first (ids discarded since: skipped)
         self.active: set[str] = set()   # sessions whose worker runs now
         self.waiting: set[str] = set()  # active sessions blocked in wait(): their slot is free
         self.workers = Workers("session", log)
@@ -27,7 +28,7 @@ class Scheduler:
 
     def add(self, sid: str) -> None:
         with self.bell.cond:
-            self.queued.add(sid)
+            self._enqueue(sid)
             self.bell.cond.notify_all()
 
     def discard(self, sid: str) -> None:
@@ -52,11 +53,26 @@ class Scheduler:
         """Start workers for queued sessions while slots are free (call with the bell's lock held)."""
         free = self.cap() - len(self.active - self.waiting)
         if free <= 0 or self.bell.stopping or not self.queued:
-            return  # (called at every ring: with thousands queued, sorting them each time cost seconds)
-        for sid in heapq.nsmallest(free, (s for s in self.queued if s not in self.active)):
+            return  # (called at every ring: with thousands queued, looking at them all each time cost seconds)
+        later = []  # queued while a turn of theirs runs: for a later dispatch
+        while free > 0 and self._line:
+            sid = heapq.heappop(self._line)
+            if sid not in self.queued:
+                continue  # discarded, or an earlier copy was taken
+            if sid in self.active:
+                later.append(sid)
+                continue
+            free -= 1
             self.queued.discard(sid)
             self.active.add(sid)
             self.turns = [t for t in self.turns if not t.is_set()] + [self.workers.submit(self._worker, sid)]
+        for sid in later:
+            heapq.heappush(self._line, sid)
+
+    def _enqueue(self, sid: str) -> None:
+        if sid not in self.queued:
+            self.queued.add(sid)
+            heapq.heappush(self._line, sid)
 
     def _worker(self, sid: str) -> None:
         more = False
@@ -68,7 +84,7 @@ class Scheduler:
             with self.bell.cond:
                 self.active.discard(sid)
                 if more and not self.bell.stopping:
-                    self.queued.add(sid)
+                    self._enqueue(sid)
                 self.bell.cond.notify_all()
 
     @contextmanager
