@@ -49,6 +49,34 @@ def test_ask_prints_the_answer_with_and_without_a_runner(ws, scripted, daemon_cl
     assert cli(ws, "down", "--json").returncode == 0
 
 
+def test_keep_alive_a_runner_started_by_wait_serves_the_next_ask_then_stops_when_idle(ws, scripted,
+                                                                                      daemon_cleanup):
+    """With `keep_alive_s`, `wait` (and `ask`) with no runner up start one in the background; it does not stop
+    under a turn longer than its keep-alive, answers the next ask warm, then stops once idle that long."""
+    from primefs.store.control import read_lock_file
+
+    ws = configure(scripted('- code: "import time\\ntime.sleep(5)"\n- text: "done"\n'), keep_alive_s=4)
+    assert cli(ws, "goal", "Sleep", "--name", "first").returncode == 0
+    r = cli(ws, "wait", "first", "--timeout", "60")
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    assert "no runner" not in r.stderr
+    assert lock_held(ws)  # the 5 s cell did not count as idle
+    pid, _ = read_lock_file(ws)
+    r = cli(ws, "ask", "Again", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["result"] == "done", r.stderr
+    assert read_lock_file(ws)[0] == pid  # the same runner took it (a runner in ask cannot run beside it)
+    log = ws.state / "runner.log"
+    assert f"session {json.loads(r.stdout)['session']}" in log.read_text()
+    wait_for(lambda: not lock_held(ws), 30, "the idle runner's exit")
+    assert "no work for 4 s: stopping (--idle-exit)" in log.read_text()
+    # mistakes: said, no traceback
+    assert "--once and --idle-exit exclude each other" in cli(ws, "run", "--once", "--idle-exit", "1").stderr
+    config = ws.root / "primefs.yaml"
+    config.write_text(config.read_text().replace("keep_alive_s: 4", "keep_alive_s: soon"))
+    r = cli(ws, "ask", "x")
+    assert r.returncode == 1 and "keep_alive_s is a number of seconds from 0 (off) to 86400" in r.stderr, r.stderr
+
+
 def ws_sessions(ws):
     from primefs.store.session import list_sessions
 

@@ -29,7 +29,7 @@ UP_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 30.0
 
 
-from primefs.cli.options import emit, json_option, ray_address, ray_option, workspace, ws_option  # noqa: E402  (shared options)
+from primefs.cli.options import emit, idle_exit_option, json_option, ray_address, ray_option, workspace, ws_option  # noqa: E402  (shared options)
 
 
 # -- the runner's log and its process ---------------------------------------------------------------
@@ -131,41 +131,32 @@ def _tail(path: Path, since: int = 0, lines: int = 20) -> str:
 
 
 # -- commands ---------------------------------------------------------------------------------------
-@click.command()
-@click.option("--timeout", type=float, default=UP_TIMEOUT_S, show_default=True, metavar="S",
-              help="Seconds to wait for the runner to report itself ready.")
-@ray_option
-@json_option
-@ws_option
-@click.pass_context
-def up(ctx, timeout, ray, as_json):
-    """Start the runner in the background (like `primefs run`, detached); its output goes to .primefs/runner.log.
-
-    Waits until the runner has written .primefs/runner.json, then prints its pid. Refuses if a
-    runner already runs in this workspace. Stop it with `primefs down`.
-    """
-    ws = workspace(ctx)
-    ray = ray_address(ws, ray)
+def spawn(ws, *, ray: str | None = None, idle_exit: float | None = None) -> tuple[subprocess.Popen, int]:
+    """Start `primefs run` detached, its output appended to .primefs/runner.log: (the process, where
+    its output begins in the log). Refuses if a runner already runs in this workspace."""
     ws.state.mkdir(exist_ok=True)
     if lock_held(ws):
         pid, _ = read_lock_file(ws)
         raise PrimefsError(f"a runner is already running in {ws.root}" + (f" (pid {pid})" if pid else "")
                            + "; see `primefs runner`, stop it with `primefs down`")
-    log = log_path(ws)
-    with open(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as f:  # the runner's only
+    with open(os.open(log_path(ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as f:  # the runner's only
         os.fchmod(f.fileno(), 0o600)
         f.write(f"--- primefs up {datetime.now().isoformat(timespec='seconds')} ---\n".encode())
         start_offset = f.tell()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        args = ["--ray", ray] if ray else []
+        args = (["--ray", ray] if ray else []) + (["--idle-exit", f"{idle_exit:g}"] if idle_exit is not None else [])
         proc = subprocess.Popen([sys.executable, "-P", "-m", "primefs", "-w", str(ws.root), "run", *args], cwd=ws.root,
                                 stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, close_fds=True)
+    return proc, start_offset
+
+
+def wait_started(ws, proc: subprocess.Popen, start_offset: int, timeout: float, ready) -> None:
+    """Wait until `ready()` (the runner spawned holds the lock, or has written runner.json); raise,
+    with the end of its output, if it exits first or `timeout` passes."""
+    log = log_path(ws)
     deadline = time.monotonic() + timeout
-    while True:
-        state = read_state(ws)
-        if state is not None and state.get("pid") == proc.pid:
-            break
+    while not ready():
         code = proc.poll()
         if code is not None:
             tail = _tail(log, start_offset)
@@ -175,7 +166,43 @@ def up(ctx, timeout, ray, as_json):
         if time.monotonic() > deadline:
             raise PrimefsError(f"the runner (pid {proc.pid}) has not reported ready after {timeout:g} s; it is "
                                f"still running: see {log}, stop it with `primefs down`")
-        time.sleep(0.05)
+        time.sleep(0.02)
+
+
+def keep_alive(ws, seconds: float) -> bool:
+    """A runner for `ask` or `wait` when none is up (`keep_alive_s`, cli.md "Keep-alive"): started in the
+    background, stopping once it has had no work for `seconds`, so the next `ask` finds litellm imported
+    and kernels warm. True once a runner holds the lock (this one, or another that came first); False,
+    said on stderr, if it could not start (the caller then runs one itself)."""
+    try:
+        proc, start_offset = spawn(ws, idle_exit=seconds)
+        wait_started(ws, proc, start_offset, UP_TIMEOUT_S, lambda: lock_held(ws))
+        return True
+    except PrimefsError as exc:
+        if lock_held(ws):
+            return True
+        click.echo(f"note: the keep-alive runner did not start ({exc}): running here instead", err=True)
+        return False
+
+
+@click.command()
+@click.option("--timeout", type=float, default=UP_TIMEOUT_S, show_default=True, metavar="S",
+              help="Seconds to wait for the runner to report itself ready.")
+@idle_exit_option
+@ray_option
+@json_option
+@ws_option
+@click.pass_context
+def up(ctx, timeout, idle_exit, ray, as_json):
+    """Start the runner in the background (like `primefs run`, detached); its output goes to .primefs/runner.log.
+
+    Waits until the runner has written .primefs/runner.json, then prints its pid. Refuses if a
+    runner already runs in this workspace. Stop it with `primefs down` (or let --idle-exit do it).
+    """
+    ws = workspace(ctx)
+    proc, start_offset = spawn(ws, ray=ray_address(ws, ray), idle_exit=idle_exit)
+    wait_started(ws, proc, start_offset, timeout, lambda: (read_state(ws) or {}).get("pid") == proc.pid)
+    log = log_path(ws)
     emit(as_json, {"pid": proc.pid, "log": str(log)}, f"runner started: pid {proc.pid}, log {log}")
 
 

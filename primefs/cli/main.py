@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from primefs import __version__
-from primefs.cli.options import emit, json_option, ray_address, ray_option, workspace, ws_option
+from primefs.cli.options import emit, idle_exit_option, json_option, ray_address, ray_option, workspace, ws_option
 from primefs.errors import PrimefsError
 from primefs.store.workspace import init_workspace
 from primefs.views.console import err, out
@@ -191,10 +191,11 @@ def goal(ctx, text, model, name, context, limits, autonomous, budgets, condition
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing while running.")
 @click.option("--verbose", "-v", is_flag=True, help="Show each session's work as it happens: the model's "
               "text and code as they stream, each cell's output, messages, results.")
+@idle_exit_option
 @ray_option
 @ws_option
 @click.pass_context
-def run(ctx, once, quiet, verbose, ray):
+def run(ctx, once, quiet, verbose, idle_exit, ray):
     """Run the agents in the foreground: pick up goals, deliver mail, run turns. Ctrl-C stops.
 
     With --once, the exit code says how it went: 0 when every session it ran ended without failure
@@ -208,6 +209,8 @@ def run(ctx, once, quiet, verbose, ray):
     ws = workspace(ctx)
     if quiet and verbose:
         raise click.UsageError("--quiet and --verbose exclude each other")
+    if once and idle_exit is not None:
+        raise click.UsageError("--once and --idle-exit exclude each other")
     from rich.text import Text
 
     narrator = Narrator(out(), ws.sessions) if verbose else None
@@ -223,7 +226,7 @@ def run(ctx, once, quiet, verbose, ray):
     if narrator:
         livefeed.listen(narrator)
     try:
-        runner.run(once=once)
+        runner.run(once=once, idle_exit_s=idle_exit)
     finally:
         if narrator:
             livefeed.unlisten(narrator)

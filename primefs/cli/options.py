@@ -61,6 +61,13 @@ ray_option = click.option(
          "workspace mounted at the same path (docs/scale-out.md).")
 
 
+# `run --idle-exit S` and `up --idle-exit S`: a runner that stops once it has had no work for S seconds
+idle_exit_option = click.option(
+    "--idle-exit", "idle_exit", type=click.FloatRange(min=0), default=None, metavar="S",
+    help="Stop once no session has had work for S seconds (no running or queued turn, no goal being read, "
+         "no request in hand); default: keep running.")
+
+
 def ray_address(ws, value: str | None) -> str | None:
     """The cluster address `--ray` asks for (None: no --ray)."""
     if value == RAY_FROM_CONFIG:

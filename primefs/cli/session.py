@@ -67,14 +67,14 @@ def wait(ctx, session, timeout, as_json):
         goal = _waiting_goal(ws, session)
         if goal is None:
             raise
-        if not lock_held(ws):
+        if not lock_held(ws) and not _keep_alive(ws, None):
             err().print(f"note: no runner is running: {goal} waits for one (primefs up)", markup=False)
         try:
             handle = Workspace(ws.root).taken(goal, timeout=timeout, run=False)
         except Timeout as exc:
             err().print(f"error: {exc}", markup=False)
             ctx.exit(TIMEOUT_EXIT)
-    if not handle.ended and not lock_held(ws):
+    if not handle.ended and not lock_held(ws) and not _keep_alive(ws, None):
         err().print("note: no runner is running: waiting for one to start (primefs up)", markup=False)
     left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
     try:
@@ -106,15 +106,20 @@ def result(ctx, session, as_json):
 @click.option("--context", "-c", "context", multiple=True, metavar="FILE",
               help="A file inside the workspace handed to the agent as `context` (repeatable).")
 @click.option("--verbose", "-v", is_flag=True, help="Show the steps as they happen (on stderr).")
+@click.option("--keep-alive", "keep_alive", type=click.FloatRange(min=0), metavar="S",
+              help="With no runner up, start one in the background that stays up until it has had no work for "
+                   "S seconds, so the next ask finds it warm (0: run in this process; default: keep_alive_s "
+                   "in primefs.yaml, else 0).")
 @timeout_option
 @json_option
 @ws_option
 @click.pass_context
-def ask(ctx, text, model, context, verbose, timeout, as_json):
+def ask(ctx, text, model, context, verbose, keep_alive, timeout, as_json):
     """Ask TEXT and print the answer: a goal, run until its session answers. TEXT '-' reads stdin.
 
     With a runner up (primefs up), it does the work; otherwise one runs in this process until the
-    answer is there (other goals it picks up meanwhile go on at the next runner start).
+    answer is there (other goals it picks up meanwhile go on at the next runner start), or, with
+    --keep-alive S, one starts in the background and stays up for the next asks.
     Exit code: 0 answered, 3 failed or stopped, 124 timed out.
     """
     from pathlib import Path
@@ -126,7 +131,7 @@ def ask(ctx, text, model, context, verbose, timeout, as_json):
     ws = workspace(ctx)
     if text == "-":
         text = sys.stdin.read()
-    resident = lock_held(ws)
+    resident = lock_held(ws) or _keep_alive(ws, keep_alive)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         handle = Workspace(ws.root).submit(text, model=model, context=[Path(c) for c in context] or None,
@@ -153,6 +158,15 @@ def ask(ctx, text, model, context, verbose, timeout, as_json):
     finally:
         stop.set()
     finish(ctx, handle.session, as_json)
+
+
+def _keep_alive(ws, seconds: float | None) -> bool:
+    """With no runner up: start a keep-alive runner for `seconds` (None: `keep_alive_s` of primefs.yaml;
+    0: none). True once a runner is up."""
+    from primefs.cli.daemon import keep_alive
+
+    seconds = ws.config.get("keep_alive_s", 0) if seconds is None else seconds
+    return bool(seconds) and keep_alive(ws, seconds)
 
 
 def _waiting_goal(ws, name: str) -> str | None:

@@ -178,7 +178,9 @@ class Runner:
         self.bell.stop()
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def run(self, once: bool = False) -> None:
+    def run(self, once: bool = False, idle_exit_s: float | None = None) -> None:
+        """Run until stopped; with `once`, until no session has work; with `idle_exit_s`, until none has
+        had work for that long (a runner `ask` started to stay up a while: cli.md, "Keep-alive")."""
         self.lock = RunnerLock(self.ws)
         hide_from_same_user()
         raise_fd_limit()
@@ -204,7 +206,7 @@ class Runner:
                                  lambda path, whole=False: self.guarded("a file event", self.hint, path, whole), self.log)
                 self.log(f"runner {os.getpid()} in {self.ws.root}: {len(self.scheduler.queued | self.scheduler.active)} session(s) with work; "
                          "watching goals/ and mailboxes (Ctrl-C stops)")
-            self._loop(once)
+            self._loop(once, idle_exit_s)
         except KeyboardInterrupt:
             self.log("stopping: sessions that were running resume when a runner starts again")
         finally:
@@ -233,11 +235,20 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - one bad file or session must not stop the runner
             self.log(f"warning: {what}: {type(exc).__name__}: {exc}")
 
-    def _loop(self, once: bool) -> None:
-        last_scan = last_state = last_tick = time.monotonic()
+    def _loop(self, once: bool, idle_exit_s: float | None = None) -> None:
+        last_scan = last_state = last_tick = idle_since = time.monotonic()
         self.write_state()
         while True:
             now = time.monotonic()
+            if idle_exit_s is not None:
+                if not self._idle():
+                    idle_since = now
+                elif now - idle_since >= idle_exit_s:
+                    self.guarded("scan", self.scan)  # one last look, as --once takes
+                    if self._idle():
+                        self.log(f"no work for {idle_exit_s:g} s: stopping (--idle-exit)")
+                        return
+                    idle_since = now
             if now - last_scan > RESCAN_S:
                 self.guarded("scan", self.scan)  # watchdog events are hints; the listing is the truth
                 last_scan = now
@@ -261,6 +272,10 @@ class Runner:
             self.guarded("scan", self.scan)  # one last look: files may have come from outside meanwhile
             if self.scheduler.idle() and self.intake.next_look is None:
                 return
+
+    def _idle(self) -> bool:
+        """No session has work, no goal file is being read, no live request (exec, kernel) is in hand."""
+        return self.scheduler.idle() and self.intake.next_look is None and not self.requests.busy()
 
     def _handle_sigterm(self) -> None:
         """`primefs down` sends SIGTERM: stop like Ctrl-C (sessions left resumable)."""

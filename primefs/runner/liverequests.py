@@ -34,6 +34,7 @@ class LiveRequests:
         self.archiving = threading.Lock()
         self.dir = requests_dir(ws)
         self.connected: set[str] = set()  # sessions whose kernel's connection file was handed out
+        self.in_hand: set[Path] = set()  # requests being served (a runner with --idle-exit does not stop under them)
 
     def close(self) -> None:
         """Runner stop: its kernels go, and with them what the connection files pointed at."""
@@ -74,7 +75,11 @@ class LiveRequests:
         threading.Thread(target=self._serve, args=(taken.with_suffix(".reply"), request),
                          name=f"request-{path.stem}", daemon=True).start()
 
+    def busy(self) -> bool:
+        return bool(self.in_hand)
+
     def _serve(self, reply_path: Path, request) -> None:
+        self.in_hand.add(reply_path)  # (set.add/discard are atomic under the GIL)
         try:
             reply = self._do(request if isinstance(request, dict) else {})
         except PrimefsError as exc:
@@ -85,6 +90,8 @@ class LiveRequests:
             write_atomic(reply_path, json.dumps(reply, default=str), durable=False)
         except OSError as exc:
             self.log(f"warning: could not answer a request: {exc}")
+        finally:
+            self.in_hand.discard(reply_path)
 
     def _do(self, request: dict) -> dict:
         op, sid = request.get("op"), request.get("session")

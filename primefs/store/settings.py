@@ -129,7 +129,7 @@ def check_hooks(value, where: str) -> None:
 
 
 CONFIG_KEYS = ("model", "models", "limits", "sandbox", "mcp_servers", "hosts", "hooks", "approve", "kernel_connect",
-               "harness")
+               "harness", "keep_alive_s")
 
 
 def check_config(data, where: str = "primefs.yaml", root: Path | None = None) -> dict:
@@ -171,6 +171,9 @@ def check_config(data, where: str = "primefs.yaml", root: Path | None = None) ->
         raise PrimefsError(f"{where}: kernel_connect must be true or false")
     if data.get("harness") is not None:
         check_harness(data["harness"], where)
+    keep = data.get("keep_alive_s")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 <= keep <= 86400):
+        raise PrimefsError(f"{where}: keep_alive_s is a number of seconds from 0 (off) to 86400, not {short(keep)}")
     return data
 
 
