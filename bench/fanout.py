@@ -12,6 +12,7 @@ loopback, so run it in a network namespace that has only loopback (docs/scale-ou
     python bench/fanout.py 20 50      # chosen sizes
     python bench/fanout.py --resident 20
     python bench/fanout.py --no-sandbox 20     # kernels without the sandbox (the default has one)
+    python bench/fanout.py --litellm 20        # the model through litellm, over HTTP to a scripted server
     unshare -n sh -c 'ip link set lo up && exec python bench/fanout.py --ray 50 200'   # as root; else unshare -rn
 """
 from __future__ import annotations
@@ -23,8 +24,9 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from common import run_cli, scripted_workspace, step_overheads
+from common import configure_model, run_cli, scripted_workspace, step_overheads
 
 from primefs.store.session import list_sessions
 
@@ -45,11 +47,26 @@ rules:
 """
 
 
-def run(n: int, cap: int | None = None, ray: str | None = None, sandbox: bool = True) -> dict:
+def run(n: int, cap: int | None = None, ray: str | None = None, sandbox: bool = True, litellm: bool = False) -> dict:
+    if litellm:  # the same script, served over HTTP (tests/openai_server.py) and called through litellm
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from openai_server import ScriptServer
+
+        from primefs.store.frontmatter import loads_yaml
+
+        with ScriptServer(loads_yaml(SCRIPT, "the script", safe=True)) as server:
+            return _run(n, cap, ray, sandbox, {"model": "openai/test-model", "api_base": server.url, "api_key": "k",
+                                               "tool_mode": "native"})
+    return _run(n, cap, ray, sandbox, None)
+
+
+def _run(n: int, cap: int | None, ray: str | None, sandbox: bool, model: dict | None) -> dict:
     limits = {"max_concurrent_sessions": cap} if cap else {}
     if n > 1000:  # the root's one cell spawns and waits for all of them: longer than the default 120 s
         limits["cell_timeout_s"] = 4 * 3600
     ws = scripted_workspace(SCRIPT, limits, sandbox=sandbox)
+    if model:
+        configure_model(ws, model)
     (ws.root / "n.txt").write_text(str(n))
     (ws.goals / "fan.md").write_text("Fan out to children\n")
     if ray:
@@ -69,7 +86,8 @@ def run(n: int, cap: int | None = None, ray: str | None = None, sandbox: bool = 
     nodes = {}
     for c in children:
         nodes[c.meta.get("node") or "local"] = nodes.get(c.meta.get("node") or "local", 0) + 1
-    return {"n": n, "host": "ray" if ray else "local", "sandbox": sandbox, "children_per_node": nodes,
+    return {"n": n, "host": "ray" if ray else "local", "sandbox": sandbox, "litellm": bool(model),
+            "children_per_node": nodes,
             "cap": cap or ws.limits().max_concurrent_sessions, "wall_s": round(wall, 2),
             "first_child_cell_after_spawn_s": round(first_cell - t_spawn, 3),
             "peak_pss_mib": round(peak), "overhead_per_step_ms_median": round(statistics.median(overheads) * 1000, 1),
@@ -135,4 +153,5 @@ if __name__ == "__main__":
     if on_ray:
         versus(sizes)
     for n in [] if on_ray else sizes:
-        print(json.dumps(resident(n) if live else run(n, sandbox="--no-sandbox" not in args)), flush=True)
+        print(json.dumps(resident(n) if live else run(n, sandbox="--no-sandbox" not in args,
+                                                        litellm="--litellm" in args)), flush=True)

@@ -9,8 +9,12 @@
   result.md exists (one cell, then the answer). Repeated 10 times; median.
 - goal -> first model request with the runner already running (litellm, the local HTTP server): a goal
   file renamed into goals/; time until the server reads the session's first request. 15 goals.
+- with --ray: the harness-only step overhead with the kernel on a local 3-node Ray cluster, beside the
+  same on the local host, alternating, 3 runs each (in a loopback-only network namespace, as
+  bench/fanout.py --ray).
 
     python bench/latency.py
+    unshare -rn sh -c 'ip link set lo up && exec python bench/latency.py --ray'
 """
 from __future__ import annotations
 
@@ -48,10 +52,10 @@ def _stats(values: list[float]) -> dict:
     return {"median_ms": round(statistics.median(v) * 1000, 2), "p90_ms": round(v[int(len(v) * 0.9)] * 1000, 2)}
 
 
-def steps_harness_only() -> dict:
+def steps_harness_only(ray: str | None = None) -> dict:
     ws = scripted_workspace(SCRIPT, {"max_steps_per_turn": 100, "loop_window": 0, "loop_repeat": 0})
     (ws.goals / "steps.md").write_text("Steps\n")
-    _, _, r = run_cli(ws, "run", "--once", "--quiet")
+    _, _, r = run_cli(ws, "run", "--once", "--quiet", *(["--ray", ray] if ray else []))
     s = list_sessions(ws.sessions)[0]
     assert s.read_result() == "steps done", r.stderr
     return {"steps": STEPS, **_stats(step_overheads(s.events()))}
@@ -125,7 +129,22 @@ def goal_to_first_request(repeats: int = 15) -> dict:
     return {"goal_to_first_request_ms": _stats(times)}
 
 
+def steps_ray_and_local(runs: int = 3) -> None:
+    from fanout import local_cluster
+
+    cluster = local_cluster()
+    try:
+        for _ in range(runs):
+            print(json.dumps({"step_overhead_harness_only_local": steps_harness_only()}), flush=True)
+            print(json.dumps({"step_overhead_harness_only_ray": steps_harness_only(cluster.address)}), flush=True)
+    finally:
+        cluster.shutdown()
+
+
 if __name__ == "__main__":
+    if "--ray" in sys.argv:
+        steps_ray_and_local()
+        raise SystemExit(0)
     print(json.dumps({"step_overhead_harness_only": steps_harness_only()}))
     print(json.dumps({"step_overhead_with_litellm": steps_with_litellm()}))
     print(json.dumps(goal_to_answer()))

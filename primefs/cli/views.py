@@ -11,6 +11,7 @@ from primefs.errors import PrimefsError
 from primefs.index.accounting import UsageIndex, tops, tree_order
 from primefs.index.db import Index, find_session
 from primefs.store.control import lock_held
+from primefs.store import fastjson
 from primefs.store.fsutil import read_json_dict
 from primefs.store.session import subtree
 from primefs.store.summary import META
@@ -149,8 +150,8 @@ def status(ctx, session, show_all, as_json):
                 r["interrupted"] = True
     problems = [] if session else goal_problems(ws, rows)
     if as_json:
-        # one object per line: json's C encoder (an indented dump of 10,000 sessions takes a second)
-        click.echo("[\n" + ",\n".join(json.dumps(r, default=str) for r in records) + "\n]" if records else "[]")
+        # one object per line, by orjson (an indented dump of 10,000 sessions took a second; json's C encoder ~0.1 s)
+        click.echo("[\n" + ",\n".join(fastjson.dumps(r) for r in records) + "\n]" if records else "[]")
         for p in problems:
             if p.startswith("error:"):
                 err().print(p, markup=False, soft_wrap=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from primefs.errors import PrimefsError
 from primefs.index.database import Database
-from primefs.store import journal
+from primefs.store import fastjson, journal
 from primefs.store import summary as summaries
 from primefs.store.fsutil import read_regular
 from primefs.store.session import Session, subtree
@@ -255,7 +255,7 @@ class Index(Database):
             row = dict(zip(columns, r))
             for k in JSON_COLUMNS:
                 if row.get(k) is not None:
-                    row[k] = json.loads(row[k])
+                    row[k] = fastjson.loads(row[k])
             if isinstance(row.get("usage"), dict):  # a row stored before its usage counted cached tokens
                 for k in summaries.CACHE_FIELDS:
                     row["usage"].setdefault(k, 0)
