@@ -10,8 +10,8 @@ from primefs.cli.options import print_table, workspace, ws_option
 from primefs.errors import PrimefsError
 from primefs.index.accounting import UsageIndex, tops, tree_order
 from primefs.index.db import Index, find_session
-from primefs.store.control import lock_held
 from primefs.store import fastjson
+from primefs.store.control import lock_held
 from primefs.store.fsutil import read_json_dict
 from primefs.store.session import subtree
 from primefs.store.summary import META

@@ -72,14 +72,15 @@ class LiveRequests:
             request = json.loads(taken.read_text())
         except (OSError, ValueError):
             return
-        threading.Thread(target=self._serve, args=(taken.with_suffix(".reply"), request),
-                         name=f"request-{path.stem}", daemon=True).start()
+        reply_path = taken.with_suffix(".reply")
+        self.in_hand.add(reply_path)  # before its thread starts: an idle look meanwhile sees it (set ops: atomic)
+        threading.Thread(target=self._serve, args=(reply_path, request), name=f"request-{path.stem}",
+                         daemon=True).start()
 
     def busy(self) -> bool:
         return bool(self.in_hand)
 
     def _serve(self, reply_path: Path, request) -> None:
-        self.in_hand.add(reply_path)  # (set.add/discard are atomic under the GIL)
         try:
             reply = self._do(request if isinstance(request, dict) else {})
         except PrimefsError as exc:
