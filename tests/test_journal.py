@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sqlite3
+import threading
 
 from conftest import answered_under_a_runner, cli, run_once, session_named, wait_for
 
@@ -36,6 +37,12 @@ def falsify_row(ws, sid: str) -> None:
 def trusted(ws) -> bool:
     with Index(ws.root) as index:
         return index.trusted()
+
+
+def hold_look(watch) -> None:
+    """The watch's next complete look waits for `watch.held` (so what is true before it can be asserted)."""
+    look, watch.held = watch._complete, threading.Event()
+    watch._complete = lambda: (watch.held.wait(10), look())
 
 
 def test_with_a_runner_up_only_journaled_sessions_are_looked_at_and_hand_edits_are_seen(ws, scripted,
@@ -90,14 +97,54 @@ def test_the_watch_trusts_after_a_complete_look_and_stops_trusting_when_events_a
         wait_for(lambda: trusted(ws), 10, "trusted after the complete look")
         (a.dir / "result.md").write_text("by hand\n")
         wait_for(lambda: (ws.state / journal.FOLDER / a.id).exists(), 10, "the hand edit marked")
+        hold_look(watch)
         watch._on_overflow()  # as inotify reports a queue overflow
         assert not trusted(ws)
+        watch.held.set()
         wait_for(lambda: trusted(ws), 10, "trusted again after another complete look")
         assert said == []
     finally:
         watch.stop()
         lock.release()
     assert not trusted(ws)  # no runner holds the lock
+
+
+def test_which_sessions_hold_a_harness_folder_is_kept_by_the_journal_and_dropped_with_its_trust(ws, scripted):
+    """`status` reports broken session-local harness files. With the journal trusted it knows which sessions have
+    a harness folder without a stat of every session: made, and removed, by hand, both are seen."""
+    ws = scripted(SCRIPT)
+    write_goal(ws, "first", name="a")
+    write_goal(ws, "second", name="b")
+    run_once(ws)
+    a = session_named(ws, "a")
+    lock = RunnerLock(ws)
+    watch = JournalWatch(ws, lambda msg: None)
+
+    def holders():
+        with Index(ws.root) as index:
+            index.sync(columns=("id",))  # what a command does first: the journal taken
+            return index.harness_sessions()
+
+    try:
+        watch.start()
+        wait_for(lambda: trusted(ws), 10, "trusted")
+        assert holders() == []
+        (a.dir / "harness" / "notes").mkdir(parents=True)  # by hand: a file that is no harness entry
+        (a.dir / "harness" / "notes" / "todo.txt").write_text("x\n")
+        wait_for(lambda: holders() == [a.id], 10, "the new harness folder seen")
+        r = cli(ws, "status")
+        assert r.returncode == 0 and "harness file skipped" in r.stderr and "todo.txt" in r.stderr, r.stderr
+        os.rename(a.dir / "harness", ws.root / "put-aside")
+        wait_for(lambda: holders() == [], 10, "the harness folder gone")
+        assert "harness file skipped" not in cli(ws, "status").stderr
+        hold_look(watch)
+        watch._on_overflow()
+        assert holders() is None  # untrusted: every session is looked at
+        watch.held.set()
+        wait_for(lambda: holders() == [], 10, "trusted again, the harness set made again")
+    finally:
+        watch.stop()
+        lock.release()
 
 
 def test_a_reader_killed_after_taking_leaves_the_marker_for_the_next(tmp_path):

@@ -72,7 +72,10 @@ def goal_problems(ws, rows: dict) -> list[str]:
     taken = {r.get("goal") for r in rows.values() if not r["broken"]}
     taken |= {broken_goal_line(ws.sessions / sid / "session.yaml") for sid, r in rows.items() if r["broken"]}
     conditions = None
-    problems = [f"error: harness file skipped: {e.problem}" for e in Harness(ws).list(all_sessions=True) if e.problem]
+    with Index(ws.root) as db:  # with a runner up, which sessions have a harness folder is known: no stat of each
+        holders = db.harness_sessions()
+    problems = [f"error: harness file skipped: {e.problem}"
+                for e in Harness(ws).list(all_sessions=True, holders=holders) if e.problem]
     problems += [f"error: session broken: {r['broken']}" for r in rows.values() if r["broken"]]
     files, strays = goal_listing(ws)
     problems += [f"error: {stray}" for stray in strays]

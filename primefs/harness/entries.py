@@ -155,13 +155,15 @@ class Harness:
                 return entry
         return None
 
-    def list(self, kind: str | None = None, sessions=(), all_sessions: bool = False) -> list[Entry]:
+    def list(self, kind: str | None = None, sessions=(), all_sessions: bool = False,
+             holders: list[str] | None = None) -> list[Entry]:
         """Entries visible from `sessions` (nearest shadows farther and global, by kind and name).
         Broken files come back as entries with `problem` set (they still shadow); never raises for them.
-        `all_sessions`: every global and every session-local entry, nothing shadowed (for listings)."""
+        `all_sessions`: every global and every session-local entry, nothing shadowed (for listings); the
+        sessions with a harness folder are `holders` when known (Index.harness_sessions), else looked for."""
         kinds = [check_kind(kind)] if kind else list(KINDS)
         if all_sessions:
-            sessions = self._with_harness()
+            sessions = self._with_harness() if holders is None else holders
         seen: set[tuple] = set()
         out: list[Entry] = []
         for scope, sid, base in self._locations(sessions):

@@ -28,6 +28,7 @@ COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken",
 LIGHT = ("id", "parent", "status", "goal", "broken", "place")  # what the runner's start needs
 JSON_COLUMNS = ("usage", "last", "marks")
 WATCHED = "watched"  # the state key naming the runner whose journal is trusted (runner_token)
+HARNESS = "harness"  # the state key holding the sessions with a harness/ folder, kept by that journal
 ARCHIVING = "archiving"  # .primefs/archiving/<root>/<id>: a folder on its way into a zip (archive.py)
 
 
@@ -130,8 +131,44 @@ class Index(Database):
             return False
         taken = journal.take(self.root)
         self._changed(taken)
-        journal.done(self.root, taken)
+        if self.write(self._keep_harness, taken):  # else taken again by the next reader
+            journal.done(self.root, taken)
         return True
+
+    def _keep_harness(self, db, ids: list[str]) -> None:
+        """The sessions with a harness/ folder (HARNESS), up to date with these journaled ones; under a runner
+        it was not made for, looked for in every session once (in the transaction: no one else's update lost)."""
+        token = self.get_state(WATCHED)
+        row = db.execute("SELECT value FROM state WHERE key = ?", (HARNESS,)).fetchone()
+        held = json.loads(row[0]) if row and row[0] else {}
+        if held.get("token") != token:
+            have: set[str] = set()
+            ids = session_ids(self.sessions_dir)
+        elif not ids:
+            return
+        else:
+            have = set(held["ids"])
+        for sid in ids:
+            if os.path.isdir(f"{self.sessions_dir}/{sid}/harness"):
+                have.add(sid)
+            else:
+                have.discard(sid)
+        db.execute("INSERT INTO state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                   (HARNESS, json.dumps({"token": token, "ids": sorted(have)})))
+
+    def untrust(self) -> bool:
+        """The journal is not to be trusted (a runner's look at every session begins, or events were lost): so
+        neither is the harness set it kept, which is made again when it is trusted again."""
+        return self.write(lambda db: db.executemany("INSERT INTO state (key, value) VALUES (?, NULL) ON CONFLICT(key) "
+                                                    "DO UPDATE SET value = NULL", [(WATCHED,), (HARNESS,)]))
+
+    def harness_sessions(self) -> list[str] | None:
+        """Ids of the sessions with a harness/ folder, as the trusted journal keeps them; None when it is not
+        trusted (or has not been read since it was): look at every session then."""
+        if not self.trusted():
+            return None
+        held = json.loads(self.get_state(HARNESS) or "{}")
+        return held["ids"] if held.get("token") == self.get_state(WATCHED) else None
 
     def _changed(self, ids: list[str]) -> None:
         """The rows of these (journaled) sessions brought up to date; those whose session.yaml is gone dropped

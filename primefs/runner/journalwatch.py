@@ -22,8 +22,8 @@ from primefs.runner.inotify import IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_MOVE
 from primefs.store import journal
 from primefs.store.control import runner_token
 
-FILES = ("session.yaml", "history.jsonl", "result.md")  # what an index row comes from
-FOLDER_MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE
+FILES = ("session.yaml", "history.jsonl", "result.md", "harness")  # what an index row and its harness set come from
+FOLDER_MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CREATE  # (IN_CREATE: a harness/ made)
 SESSIONS_MASK = IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE
 
 
@@ -69,7 +69,7 @@ class JournalWatch:
                     return
         token = runner_token(self.ws)
         with Index(self.ws.root) as index:
-            index.set_state(WATCHED, None)
+            index.untrust()
             index.sync(columns=("id",))  # untrusted: every folder looked at (a change meanwhile is marked)
             if token is not None and not self.again.is_set():  # no event was lost meanwhile
                 index.set_state(WATCHED, token)
@@ -85,9 +85,9 @@ class JournalWatch:
 
     def _on_overflow(self) -> None:
         """Events were lost: a hand edit may not be marked. Untrusted until another complete look."""
+        with Index(self.ws.root) as index:  # untrusted first: a complete look begun after this trusts again
+            index.untrust()
         self.again.set()
-        with Index(self.ws.root) as index:
-            index.set_state(WATCHED, None)
 
     def stop(self) -> None:
         self.closed = True
