@@ -288,12 +288,13 @@ class Index(Database):
             sql, args = sql + (" WHERE " if archived else " AND ") + "id IN (SELECT value FROM json_each(?))", \
                 (json.dumps(ids),)
         out = {}
+        parsed = [k for k in JSON_COLUMNS if k in columns]  # (`status` asks 50,000 light rows: no per-row search)
         for r in self.run(lambda db: db.execute(sql, args).fetchall()):
             row = dict(zip(columns, r))
-            for k in JSON_COLUMNS:
-                if row.get(k) is not None:
+            for k in parsed:
+                if row[k] is not None:
                     row[k] = fastjson.loads(row[k])
-            if isinstance(row.get("usage"), dict):  # a row stored before its usage counted cached tokens
+            if parsed and isinstance(row.get("usage"), dict):  # a row stored before its usage counted cached tokens
                 for k in summaries.CACHE_FIELDS:
                     row["usage"].setdefault(k, 0)
             out[row["id"]] = row
