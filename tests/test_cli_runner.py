@@ -62,6 +62,7 @@ def test_keep_alive_a_runner_started_by_wait_serves_the_next_ask_then_stops_when
     assert "no runner" not in r.stderr
     assert lock_held(ws)  # the 5 s cell did not count as idle
     pid, _ = read_lock_file(ws)
+    assert "stops after 4 s without work (--idle-exit)" in cli(ws, "runner").stdout
     r = cli(ws, "ask", "Again", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["result"] == "done", r.stderr
     assert read_lock_file(ws)[0] == pid  # the same runner took it (a runner in ask cannot run beside it)

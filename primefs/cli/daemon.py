@@ -305,6 +305,7 @@ def runner_cmd(ctx, as_json):
         "active_sessions": state.get("active_sessions") or [],
         "waiting_sessions": state.get("waiting_sessions") or [],
         "queued_sessions": state.get("queued_sessions") or [],
+        "idle_exit_s": state.get("idle_exit_s"),  # it stops once without work that long (None: runs until stopped)
         "memory": memory_report(pid, state.get("kernel_pids") or []) if pid else None,
         "log": str(log_path(ws)),
     }
@@ -324,6 +325,8 @@ def runner_cmd(ctx, as_json):
         for key in ("active", "waiting", "queued"):
             ids = out[f"{key}_sessions"]
             lines.append(f"{key} sessions: {len(ids)}" + (f": {', '.join(_session_labels(ws, ids))}" if ids else ""))
+        if out["idle_exit_s"] is not None:
+            lines.append(f"stops after {out['idle_exit_s']:g} s without work (--idle-exit)")
     mem = out["memory"]
     if mem:
         runner_mem = f"runner {_mb(mem['runner_rss_kb'])} RSS"

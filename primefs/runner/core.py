@@ -143,6 +143,7 @@ class Runner:
         self.host = None  # the kernel host, started by run()
         self.lock: RunnerLock | None = None
         self.started_at = time.time()
+        self.idle_exit_s: float | None = None  # run(idle_exit_s=): stops once without work that long
         self.recovered = threading.Event()  # set once run() knows what is taken: file events may be acted on
 
     def _configure(self) -> None:
@@ -181,6 +182,7 @@ class Runner:
     def run(self, once: bool = False, idle_exit_s: float | None = None) -> None:
         """Run until stopped; with `once`, until no session has work; with `idle_exit_s`, until none has
         had work for that long (a runner `ask` started to stay up a while: cli.md, "Keep-alive")."""
+        self.idle_exit_s = idle_exit_s
         self.lock = RunnerLock(self.ws)
         hide_from_same_user()
         raise_fd_limit()
@@ -287,6 +289,7 @@ class Runner:
         as `primefs tools` shows them."""
         host = self.host.state() if self.host else {"live_kernels": 0, "kernel_pids": []}
         write_state(self.ws, {"pid": os.getpid(), "started": self.started_at, "updated": time.time(),
+                              "idle_exit_s": self.idle_exit_s,
                               **self.scheduler.snapshot(), **host, "mcp_tools": self.toolbox.mcp_state()})
 
     def _shutdown(self) -> None:
