@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,7 @@ def configure_model(ws: Workspace, alias: dict) -> None:
     (ws.root / "primefs.yaml").write_text(dump_yaml(cfg))
 
 
-def _tree_pids(root_pid: int) -> list[int]:
+def _children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -51,6 +52,11 @@ def _tree_pids(root_pid: int) -> list[int]:
                 children.setdefault(ppid, []).append(int(d))
             except (OSError, IndexError, ValueError):
                 pass
+    return children
+
+
+def _tree_pids(root_pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    children = _children_map() if children is None else children
     out, stack = [], [root_pid]
     while stack:
         p = stack.pop()
@@ -59,10 +65,31 @@ def _tree_pids(root_pid: int) -> list[int]:
     return out
 
 
-def tree_pss_mib(root_pid: int) -> float:
+def kernels_alive(root_pid: int, children: dict[int, list[int]] | None = None) -> int:
+    """Kernels under a runner: the children of its kernel template (each a kernel, or its sandbox's keeper)."""
+    children = _children_map() if children is None else children
+    count = 0
+    for pid in children.get(root_pid, []):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"primefs.kernels.forkserver" in f.read():
+                    count += len(children.get(pid, []))
+        except OSError:
+            pass
+    return count
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's own CPU time (user + system), not its children's."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_pss_mib(root_pid: int, children: dict[int, list[int]] | None = None) -> float:
     """Proportional set size of a process and all its descendants (shared pages counted once)."""
     total = 0
-    for pid in _tree_pids(root_pid):
+    for pid in _tree_pids(root_pid, children):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
                 for line in f:
@@ -75,15 +102,23 @@ def tree_pss_mib(root_pid: int) -> float:
 
 
 class PeakMemory:
-    """Samples the PSS of a process tree every 50 ms while a `with` block runs."""
+    """Samples a process tree every 50 ms while a `with` block runs: its peak PSS, the most kernels alive
+    at once (if it is a runner), and the process's own CPU time at the last sample."""
 
     def __init__(self, pid: int):
-        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+        self.pid, self.peak, self.kernels_peak, self.own_cpu_s = pid, 0.0, 0, 0.0
+        self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_pss_mib(self.pid))
+            children = _children_map()
+            self.peak = max(self.peak, tree_pss_mib(self.pid, children))
+            self.kernels_peak = max(self.kernels_peak, kernels_alive(self.pid, children))
+            try:
+                self.own_cpu_s = cpu_seconds(self.pid)
+            except (OSError, IndexError, ValueError):  # it ended
+                pass
             self._stop.wait(0.05)
 
     def __enter__(self):
@@ -95,15 +130,24 @@ class PeakMemory:
         self._t.join()
 
 
-def run_cli(ws: Workspace, *args: str, memory_of: int | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+def run_cli(ws: Workspace, *args: str, memory_of: int | None = None,
+            stats: dict | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
     """Run `primefs ARGS` as a fresh process; returns (wall seconds, peak PSS MiB, result). The memory is
-    that of the process and its descendants, or of `memory_of` and its descendants when given."""
+    that of the process and its descendants, or of `memory_of` and its descendants when given. `stats`, if
+    given, gets `own_cpu_s` (the primefs process's own CPU, ~50 ms before its end), `tree_cpu_s` (its and
+    every descendant's it reaped: kernels, the template, git) and `kernels_peak` (kernels alive at once)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakMemory(memory_of or proc.pid) as mem:
         out, err = proc.communicate()
-    return time.monotonic() - started, mem.peak, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    wall = time.monotonic() - started
+    if stats is not None:
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        stats.update(own_cpu_s=round(mem.own_cpu_s, 2), kernels_peak=mem.kernels_peak,
+                     tree_cpu_s=round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2))
+    return wall, mem.peak, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def step_overheads(events: list[dict]) -> list[float]:

@@ -1,7 +1,9 @@
 """Fan-out: a root session spawns N children that each run one trivial cell (scripted instant model).
 
 Reports, per N: wall time of `primefs run --once` (process start to exit), time to the first child
-cell, peak memory (PSS of the runner and all its kernels), and harness overhead per step.
+cell, peak memory (PSS of the runner and all its kernels), CPU per child (the runner's own, and the
+rest: kernels, their template, git), the most kernels alive at once, harness overhead per step; and it
+checks that every child answered.
 With --resident: a runner (`primefs run`) is already running; the time from the goal file to the
 root's answer. With --ray: the same fan-outs with the kernels on a local 3-node Ray cluster (a head
 and two workers, started here), each size also run on the local host beside it; memory is then that
@@ -69,10 +71,11 @@ def _run(n: int, cap: int | None, ray: str | None, sandbox: bool, model: dict | 
         configure_model(ws, model)
     (ws.root / "n.txt").write_text(str(n))
     (ws.goals / "fan.md").write_text("Fan out to children\n")
+    stats: dict = {}
     if ray:
         wall, peak, r = run_cli(ws, "run", "--once", "--quiet", "--ray", ray, memory_of=os.getpid())
     else:
-        wall, peak, r = run_cli(ws, "run", "--once", "--quiet")
+        wall, peak, r = run_cli(ws, "run", "--once", "--quiet", stats=stats)
     if r.returncode != 0:
         raise SystemExit(r.stderr)
     sessions = list_sessions(ws.sessions)
@@ -90,9 +93,19 @@ def _run(n: int, cap: int | None, ray: str | None, sandbox: bool, model: dict | 
             "children_per_node": nodes,
             "cap": cap or ws.limits().max_concurrent_sessions, "wall_s": round(wall, 2),
             "first_child_cell_after_spawn_s": round(first_cell - t_spawn, 3),
-            "peak_pss_mib": round(peak), "overhead_per_step_ms_median": round(statistics.median(overheads) * 1000, 1),
+            "peak_pss_mib": round(peak), **_per_child(stats, n), "overhead_per_step_ms_median": round(statistics.median(overheads) * 1000, 1),
             "overhead_per_step_ms_p90": round(sorted(overheads)[int(len(overheads) * 0.9)] * 1000, 1),
             "workspace": str(ws.root)}
+
+
+def _per_child(stats: dict, n: int) -> dict:
+    """CPU per child, the runner's own and the rest (kernels, their template, git), and kernels alive at
+    once (local runs only: on Ray the kernels are the cluster's processes)."""
+    if not stats:
+        return {}
+    runner, rest = stats["own_cpu_s"], stats["tree_cpu_s"] - stats["own_cpu_s"]
+    return {"cpu_per_child_ms_runner": round(runner / n * 1000, 1),
+            "cpu_per_child_ms_kernels_and_rest": round(rest / n * 1000, 1), "kernels_alive_peak": stats["kernels_peak"]}
 
 
 def resident(n: int, repeats: int = 3) -> dict:
