@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -65,25 +64,25 @@ def _tree_pids(root_pid: int, children: dict[int, list[int]] | None = None) -> l
     return out
 
 
-def kernels_alive(root_pid: int, children: dict[int, list[int]] | None = None) -> int:
-    """Kernels under a runner: the children of its kernel template (each a kernel, or its sandbox's keeper)."""
-    children = _children_map() if children is None else children
-    count = 0
+def templates(root_pid: int, children: dict[int, list[int]]) -> list[int]:
+    """The kernel template(s) a runner forks its kernels from (its children running primefs.kernels.forkserver)."""
+    out = []
     for pid in children.get(root_pid, []):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if b"primefs.kernels.forkserver" in f.read():
-                    count += len(children.get(pid, []))
+                    out.append(pid)
         except OSError:
             pass
-    return count
+    return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """The process's own CPU time (user + system), not its children's."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(the process's own CPU time, that of its children it has waited for), user + system each."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
 
 
 def tree_pss_mib(root_pid: int, children: dict[int, list[int]] | None = None) -> float:
@@ -102,11 +101,16 @@ def tree_pss_mib(root_pid: int, children: dict[int, list[int]] | None = None) ->
 
 
 class PeakMemory:
-    """Samples a process tree every 50 ms while a `with` block runs: its peak PSS, the most kernels alive
-    at once (if it is a runner), and the process's own CPU time at the last sample."""
+    """Samples a process tree every 50 ms while a `with` block runs: its peak PSS and, if it is a runner,
+    the most kernels alive at once and the CPU time of the runner itself, of what it waited for (git), and
+    of its kernels with their template (each process's own, as last seen: a kernel's last ~50 ms are not
+    counted; its keeper may be killed before it reaps the kernel, so a template's children's time is not
+    to be trusted)."""
 
     def __init__(self, pid: int):
-        self.pid, self.peak, self.kernels_peak, self.own_cpu_s = pid, 0.0, 0, 0.0
+        self.pid, self.peak, self.kernels_peak = pid, 0.0, 0
+        self.cpu = {"runner": 0.0, "runner_children": 0.0, "kernels": 0.0}
+        self._kernels: dict[int, float] = {}  # pid -> its own CPU seconds when last seen
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
@@ -114,10 +118,18 @@ class PeakMemory:
         while not self._stop.is_set():
             children = _children_map()
             self.peak = max(self.peak, tree_pss_mib(self.pid, children))
-            self.kernels_peak = max(self.kernels_peak, kernels_alive(self.pid, children))
             try:
-                self.own_cpu_s = cpu_seconds(self.pid)
-            except (OSError, IndexError, ValueError):  # it ended
+                forks = templates(self.pid, children)
+                self.kernels_peak = max(self.kernels_peak, sum(len(children.get(t, [])) for t in forks))
+                for t in forks:
+                    for pid in _tree_pids(t, children):
+                        try:
+                            self._kernels[pid] = cpu_seconds(pid)[0]
+                        except (OSError, IndexError, ValueError):  # ended meanwhile
+                            pass
+                own, waited = cpu_seconds(self.pid)
+                self.cpu = {"runner": own, "runner_children": waited, "kernels": sum(self._kernels.values())}
+            except (OSError, IndexError, ValueError):  # it is ending
                 pass
             self._stop.wait(0.05)
 
@@ -134,9 +146,7 @@ def run_cli(ws: Workspace, *args: str, memory_of: int | None = None,
             stats: dict | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
     """Run `primefs ARGS` as a fresh process; returns (wall seconds, peak PSS MiB, result). The memory is
     that of the process and its descendants, or of `memory_of` and its descendants when given. `stats`, if
-    given, gets `own_cpu_s` (the primefs process's own CPU, ~50 ms before its end), `tree_cpu_s` (its and
-    every descendant's it reaped: kernels, the template, git) and `kernels_peak` (kernels alive at once)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    given, gets PeakMemory's `cpu` (seconds, ~50 ms before the end) and `kernels_peak`."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -144,9 +154,7 @@ def run_cli(ws: Workspace, *args: str, memory_of: int | None = None,
         out, err = proc.communicate()
     wall = time.monotonic() - started
     if stats is not None:
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        stats.update(own_cpu_s=round(mem.own_cpu_s, 2), kernels_peak=mem.kernels_peak,
-                     tree_cpu_s=round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2))
+        stats.update(cpu=mem.cpu, kernels_peak=mem.kernels_peak)
     return wall, mem.peak, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

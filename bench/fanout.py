@@ -1,9 +1,9 @@
 """Fan-out: a root session spawns N children that each run one trivial cell (scripted instant model).
 
 Reports, per N: wall time of `primefs run --once` (process start to exit), time to the first child
-cell, peak memory (PSS of the runner and all its kernels), CPU per child (the runner's own, and the
-rest: kernels, their template, git), the most kernels alive at once, harness overhead per step; and it
-checks that every child answered.
+cell, peak memory (PSS of the runner and all its kernels), CPU per child (the runner's own, its
+kernels' with their template's, and git's), the most kernels alive at once, harness overhead per step;
+and it checks that every child answered.
 With --resident: a runner (`primefs run`) is already running; the time from the goal file to the
 root's answer. With --ray: the same fan-outs with the kernels on a local 3-node Ray cluster (a head
 and two workers, started here), each size also run on the local host beside it; memory is then that
@@ -99,13 +99,13 @@ def _run(n: int, cap: int | None, ray: str | None, sandbox: bool, model: dict | 
 
 
 def _per_child(stats: dict, n: int) -> dict:
-    """CPU per child, the runner's own and the rest (kernels, their template, git), and kernels alive at
-    once (local runs only: on Ray the kernels are the cluster's processes)."""
+    """CPU per child: the runner's own, its kernels' (with their template's), and the rest the runner waited
+    for (git); and the most kernels alive at once (local runs only: on Ray the kernels are the cluster's)."""
     if not stats:
         return {}
-    runner, rest = stats["own_cpu_s"], stats["tree_cpu_s"] - stats["own_cpu_s"]
-    return {"cpu_per_child_ms_runner": round(runner / n * 1000, 1),
-            "cpu_per_child_ms_kernels_and_rest": round(rest / n * 1000, 1), "kernels_alive_peak": stats["kernels_peak"]}
+    cpu = stats["cpu"]
+    return {"cpu_per_child_ms": {k: round(v / n * 1000, 1) for k, v in cpu.items()},
+            "kernels_alive_peak": stats["kernels_peak"]}
 
 
 def resident(n: int, repeats: int = 3) -> dict:
