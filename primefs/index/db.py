@@ -131,8 +131,10 @@ class Index(Database):
             return False
         taken = journal.take(self.root)
         self._changed(taken)
-        if self.write(self._keep_harness, taken):  # else taken again by the next reader
-            journal.done(self.root, taken)
+        if taken or self.harness_sessions() is None:  # (nothing to write, most of the time: no transaction)
+            if not self.write(self._keep_harness, taken):
+                return True  # the database stays locked: the next reader takes them again
+        journal.done(self.root, taken)
         return True
 
     def _keep_harness(self, db, ids: list[str]) -> None:
