@@ -22,7 +22,7 @@ from primefs.harness.commits import DIRS, KINDS, SKILL_FILE, HarnessGit, provena
 from primefs.store import frontmatter, redact
 from primefs.store.fsutil import check_name, write_atomic
 from primefs.store.gitops import commit_lock
-from primefs.store.session import Session, iso
+from primefs.store.session import Session, iso, with_harness
 from primefs.store.workspace import Workspace
 
 ENTRY_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -163,7 +163,7 @@ class Harness:
         sessions with a harness folder are `holders` when known (Index.harness_sessions), else looked for."""
         kinds = [check_kind(kind)] if kind else list(KINDS)
         if all_sessions:
-            sessions = self._with_harness() if holders is None else holders
+            sessions = with_harness(self.ws.sessions) if holders is None else holders
         seen: set[tuple] = set()
         out: list[Entry] = []
         for scope, sid, base in self._locations(sessions):
@@ -188,16 +188,6 @@ class Harness:
                         except OSError:  # removed while we listed: not an entry any more
                             pass
         return sorted(out, key=lambda e: (KINDS.index(e.kind), e.name, e.scope != "session"))
-
-    def _with_harness(self) -> list[str]:
-        """Ids of the sessions that have a harness folder: one stat each (pathlib's glob costs 3-4 times more)."""
-        base = str(self.ws.sessions)
-        try:
-            with os.scandir(base) as it:
-                ids = [e.name for e in it if not e.name.startswith(".")]
-        except OSError:
-            return []
-        return sorted(sid for sid in ids if os.path.isdir(f"{base}/{sid}/harness"))
 
     # -- changing -----------------------------------------------------------------------------------
     def put(self, kind: str, name: str, body: str | None = None, *, scope: str = "global",

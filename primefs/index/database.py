@@ -153,12 +153,10 @@ class Database:
         return self.run(tx, *args)
 
     def get_state(self, key: str) -> str | None:
-        row = self.run(lambda db: db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone())
-        return row[0] if row else None
+        return self.run(state_of, key)
 
     def set_state(self, key: str, value: str | None) -> bool:
-        return self.write(lambda db: db.execute("INSERT INTO state (key, value) VALUES (?, ?) ON CONFLICT(key) "
-                                                "DO UPDATE SET value = excluded.value", (key, value)))
+        return self.write(put_state, key, value)
 
     def close(self) -> None:
         with self.lock:
@@ -169,3 +167,14 @@ class Database:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def state_of(db: sqlite3.Connection, key: str) -> str | None:
+    """A value of the `state` table (also inside a transaction of Database.write)."""
+    row = db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def put_state(db: sqlite3.Connection, key: str, value: str | None) -> None:
+    db.execute("INSERT INTO state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+               (key, value))

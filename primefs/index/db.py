@@ -17,11 +17,11 @@ import os
 from pathlib import Path
 
 from primefs.errors import PrimefsError
-from primefs.index.database import Database
+from primefs.index.database import Database, put_state, state_of
 from primefs.store import fastjson, journal
 from primefs.store import summary as summaries
 from primefs.store.fsutil import read_regular
-from primefs.store.session import Session, subtree
+from primefs.store.session import Session, subtree, with_harness
 from primefs.store.summary import META, stat_key
 
 COLUMNS = ("id", *META, "turns", "events", "usage", "last", "last_ts", "broken", "result", "keys", "place")
@@ -131,7 +131,7 @@ class Index(Database):
             return False
         taken = journal.take(self.root)
         self._changed(taken)
-        if taken or self.harness_sessions() is None:  # (nothing to write, most of the time: no transaction)
+        if taken or self._held_harness() is None:  # (nothing to write, most of the time: no transaction)
             if not self.write(self._keep_harness, taken):
                 return True  # the database stays locked: the next reader takes them again
         journal.done(self.root, taken)
@@ -140,35 +140,32 @@ class Index(Database):
     def _keep_harness(self, db, ids: list[str]) -> None:
         """The sessions with a harness/ folder (HARNESS), up to date with these journaled ones; under a runner
         it was not made for, looked for in every session once (in the transaction: no one else's update lost)."""
-        token = self.get_state(WATCHED)
-        row = db.execute("SELECT value FROM state WHERE key = ?", (HARNESS,)).fetchone()
-        held = json.loads(row[0]) if row and row[0] else {}
+        token = state_of(db, WATCHED)
+        held = json.loads(state_of(db, HARNESS) or "{}")
         if held.get("token") != token:
-            have: set[str] = set()
-            ids = session_ids(self.sessions_dir)
+            have = set(with_harness(self.sessions_dir))
         elif not ids:
             return
         else:
-            have = set(held["ids"])
-        for sid in ids:
-            if os.path.isdir(f"{self.sessions_dir}/{sid}/harness"):
-                have.add(sid)
-            else:
-                have.discard(sid)
-        db.execute("INSERT INTO state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                   (HARNESS, json.dumps({"token": token, "ids": sorted(have)})))
+            have = (set(held["ids"]) - set(ids)) | set(with_harness(self.sessions_dir, ids))
+        put_state(db, HARNESS, json.dumps({"token": token, "ids": sorted(have)}))
 
     def untrust(self) -> bool:
         """The journal is not to be trusted (a runner's look at every session begins, or events were lost): so
         neither is the harness set it kept, which is made again when it is trusted again."""
-        return self.write(lambda db: db.executemany("INSERT INTO state (key, value) VALUES (?, NULL) ON CONFLICT(key) "
-                                                    "DO UPDATE SET value = NULL", [(WATCHED,), (HARNESS,)]))
+        def clear(db) -> None:
+            for key in (WATCHED, HARNESS):
+                put_state(db, key, None)
+
+        return self.write(clear)
 
     def harness_sessions(self) -> list[str] | None:
         """Ids of the sessions with a harness/ folder, as the trusted journal keeps them; None when it is not
         trusted (or has not been read since it was): look at every session then."""
-        if not self.trusted():
-            return None
+        return self._held_harness() if self.trusted() else None
+
+    def _held_harness(self) -> list[str] | None:
+        """The harness set, if it was made under the runner whose journal is trusted now."""
         held = json.loads(self.get_state(HARNESS) or "{}")
         return held["ids"] if held.get("token") == self.get_state(WATCHED) else None
 
