@@ -208,7 +208,7 @@ class Runner:
                                  lambda path, whole=False: self.guarded("a file event", self.hint, path, whole), self.log)
                 self.log(f"runner {os.getpid()} in {self.ws.root}: {len(self.scheduler.queued | self.scheduler.active)} session(s) with work; "
                          "watching goals/ and mailboxes (Ctrl-C stops)")
-            self._loop(once, idle_exit_s)
+            self._loop(once)
         except KeyboardInterrupt:
             self.log("stopping: sessions that were running resume when a runner starts again")
         finally:
@@ -237,7 +237,8 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - one bad file or session must not stop the runner
             self.log(f"warning: {what}: {type(exc).__name__}: {exc}")
 
-    def _loop(self, once: bool, idle_exit_s: float | None = None) -> None:
+    def _loop(self, once: bool) -> None:
+        idle_exit_s = self.idle_exit_s
         last_scan = last_state = last_tick = idle_since = time.monotonic()
         self.write_state()
         while True:

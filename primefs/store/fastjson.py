@@ -21,5 +21,5 @@ def dumps(obj, default=str) -> str:
     """One line of JSON (no indentation)."""
     try:
         return orjson.dumps(obj, default=default, option=orjson.OPT_NON_STR_KEYS).decode()
-    except (TypeError, orjson.JSONEncodeError):
+    except TypeError:  # (orjson.JSONEncodeError is one)
         return json.dumps(obj, default=default)
