@@ -53,3 +53,55 @@ def test_old_finished_trees_fold_unread_as_every_record_would(ws):
     assert "old0" not in out and "new0" in out
     everything = cli(ws, "status", "--all").stdout
     assert "old0" in everything and "older trees" not in everything
+
+
+def test_status_json_says_what_every_record_says(ws):
+    """status --json makes each object in SQLite and sums only trees with children: it must say exactly what
+    session_record says of every session, with tree sums, per-tool counts, a broken session.yaml, a session cut
+    off mid-turn (no runner), text with quotes and `},{"id":` in it, and a row stored before cached tokens."""
+    import json
+    import sqlite3
+
+    from primefs.store.session import Session
+
+    root = tree(ws, "root", ["idle", "idle", "running"])
+    kids = sorted(p.name for p in ws.sessions.iterdir() if p.is_dir() and p.name != root)
+    grandchild = create_session(ws.sessions, task="g", name='q"},{"id":"x', model="m", parent=kids[0], depth=2)
+    lone = tree(ws, "lone", ["idle"])
+    for i, sid in enumerate([root, kids[0], grandchild.id, lone]):
+        h = Session(ws.sessions / sid).history
+        h.append("model_call", model="m", purpose="llm", input_tokens=3 + i, output_tokens=4, cost_usd=0.25 * i,
+                 cost_known=True, cache_read_tokens=i, latency_s=0.1)
+        h.append("tool_call", name=["python", "rlm"][i % 2], duration_s=0.5 + i, error="x" if i == 2 else None)
+    (ws.sessions / grandchild.id / "result.md").write_text("é ✓ \"quoted\" },{\"id\":1}\n")
+    broken = create_session(ws.sessions, task="b", name="b", model="m", parent=root, depth=1)
+    (ws.sessions / broken.id / "session.yaml").write_text("status: [unclosed\n")
+
+    def both(*args):
+        r = cli(ws, "status", "--json", *args)
+        assert r.returncode == 0, r.stderr
+        index = UsageIndex(ws.sessions, columns=STATUS_COLUMNS)
+        records = [session_record(index, sid) for sid in tree_order(index)]
+        for rec in records:
+            if rec["status"] == "running":
+                rec["interrupted"] = True
+        return json.loads(r.stdout), records
+
+    shown, records = both()
+    assert shown == records and len(shown) == 6
+    [top] = [x for x in shown if x["id"] == root]
+    assert top["tree_usage"]["calls"] == 3 and top["tree_usage"]["tools"] == {
+        "python": {"calls": 2, "errors": 1, "seconds": 3.0}, "rlm": {"calls": 1, "errors": 0, "seconds": 1.5}}
+    assert top["tree_usage"]["cost_usd"] == 0.75 and top["tree_usage"]["cache_read_tokens"] == 3
+    assert [x["interrupted"] for x in shown if x["status"] == "running"] == [True]
+    assert [x["status"] for x in shown if x["id"] == broken.id] == ["broken"]
+
+    # a row stored before cached tokens were counted: given with them (0), as Index.rows gives it
+    db = sqlite3.connect(ws.root / ".primefs" / "index.sqlite")
+    db.execute("UPDATE sessions SET usage = json_remove(usage, '$.cache_read_tokens', '$.cache_write_tokens') "
+               "WHERE id = ?", (lone,))
+    db.commit()
+    db.close()
+    shown, records = both()
+    assert shown == records and [x["usage"]["cache_read_tokens"] for x in shown if x["id"] == lone] == [0]
+    assert [x["id"] for x in json.loads(cli(ws, "status", "--json", kids[0]).stdout)] == [kids[0], grandchild.id]

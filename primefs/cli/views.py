@@ -20,6 +20,9 @@ from primefs.views.sessions import FINISHED_TREES, Row, arrange, table, unread_t
 
 
 STATUS_COLUMNS = ("id", *META, "turns", "result", "usage", "broken")  # what session_record reads of a row
+# a record's keys in order; node: the Ray node of its kernel (None: this machine); approval: what it waits for
+RECORD_KEYS = ("id", "name", "parent", "depth", "status", "stop_reason", "error", "model", "goal", "created", "updated",
+               "turns", "result", "node", "approval")
 LIGHT_COLUMNS = ("id", "parent", "status", "goal", "broken")  # what folding and goal_problems need
 
 
@@ -28,15 +31,48 @@ def session_record(index: UsageIndex, sid: str) -> dict:
         return {"id": sid, "name": None, "parent": None, "depth": 0, "status": "broken", "stop_reason": None,
                 "error": index.broken[sid], "model": None, "goal": None, "created": None, "updated": None,
                 "turns": None, "result": None, "node": None, "approval": None, "usage": index.own[sid], "tree_usage": index.tree(sid)}
-    s = index.sessions[sid]
-    m = s.meta
-    return {"id": s.id, "name": m.get("name"), "parent": m.get("parent"), "depth": m.get("depth") or 0,
-            "status": m.get("status"), "stop_reason": m.get("stop_reason"), "error": m.get("error"),
-            "model": m.get("model"), "goal": m.get("goal"), "created": m.get("created"),
-            "updated": m.get("updated"), "turns": s.row["turns"], "result": s.row["result"],  # resumed: not new
-            "node": m.get("node"),  # the Ray node of its kernel (None: this machine)
-            "approval": m.get("approval"),  # the approval it waits for (primefs approvals), or None
-            "usage": index.own[sid], "tree_usage": index.tree(sid)}
+    row = index.sessions[sid].row  # (STATUS_COLUMNS: META, turns, result; turns and result: resumed, not new)
+    record = {k: row[k] for k in RECORD_KEYS}
+    record["depth"] = record["depth"] or 0
+    record["usage"], record["tree_usage"] = index.own[sid], index.tree(sid)
+    return record
+
+
+# status --json: each session's object but its usage is made by SQLite, as text (a dict per session and its
+# encoding cost a second at 50,000 sessions); its usage too, unless stored before cached tokens were counted
+JSON_MADE = {
+    "object": "json_object(" + ", ".join(f"'{k}', " + ("coalesce(depth, 0)" if k == "depth" else k)
+                                         for k in RECORD_KEYS) + ")",
+    "usage_json": "json(usage)",
+}
+CUT = ',"interrupted":true'
+
+
+def json_status(ws, session: str | None) -> tuple[str, dict]:
+    """`status --json` (of SESSION's tree, if given) as text, and the light rows of every session (for
+    goal_problems). Only tree sums are made here, of sessions with children; a leaf's is its own usage."""
+    with Index(ws.root) as db:
+        rows = db.sync(columns=("id", "parent", "status", "goal", "broken", "usage"), made=JSON_MADE)
+    index = UsageIndex(rows=rows)
+    shown = tree_order(index)
+    index.sum_up(shown)
+    if session:
+        wanted = set(subtree(index.children, find_session(ws.sessions, session).id))
+        shown = [sid for sid in shown if sid in wanted]
+    interrupted = not lock_held(ws)  # cut off mid-turn by a runner that stopped: not at work now
+    lines = []
+    for sid in shown:
+        row = rows[sid]
+        if sid in index.broken:
+            lines.append(fastjson.dumps(session_record(index, sid)))
+            continue
+        tree, own = index.tree(sid), row["usage_json"]
+        if not own or '"cache_read_tokens"' not in own:  # (as Index.rows gives it: with them)
+            own = fastjson.dumps(index.own[sid])
+        cut = CUT if interrupted and row["status"] == "running" else ""
+        lines.append(f'{row["object"][:-1]},"usage":{own},"tree_usage":'
+                     f'{own if tree is index.own[sid] else fastjson.dumps(tree)}{cut}}}')
+    return ("[\n" + ",\n".join(lines) + "\n]") if lines else "[]", rows
 
 
 def folded(ws) -> tuple[UsageIndex, list, dict]:
@@ -136,7 +172,14 @@ def status(ctx, session, show_all, as_json):
     """
     ws = workspace(ctx)
     root = None
-    if as_json or show_all or session:
+    if as_json:
+        text, rows = json_status(ws, session)
+        click.echo(text)
+        for p in [] if session else goal_problems(ws, rows):
+            if p.startswith("error:"):
+                err().print(p, markup=False, soft_wrap=True)
+        return
+    if show_all or session:
         index = UsageIndex(ws.sessions, columns=STATUS_COLUMNS)
         shown = tree_order(index)
         if session:
@@ -152,14 +195,6 @@ def status(ctx, session, show_all, as_json):
             if r["status"] == "running":
                 r["interrupted"] = True
     problems = [] if session else goal_problems(ws, rows)
-    if as_json:
-        # one object per line, by orjson (an indented dump of 10,000 sessions took a second; json's C encoder ~0.1 s)
-        click.echo("[\n" + ",\n".join(fastjson.dumps(r) for r in records) + "\n]" if records else "[]")
-        for p in problems:
-            if p.startswith("error:"):
-                err().print(p, markup=False, soft_wrap=True)
-        return
-
     console = out()
     if records:
         by_id = {r["id"]: status_row(r) for r in records}

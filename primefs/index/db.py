@@ -107,22 +107,26 @@ class Index(Database):
         return token is not None and token == self.get_state(WATCHED)
 
     def sync(self, ids: list[str] | None = None, *, meta_only: bool = False, light: bool = False,
-             columns: tuple | None = None) -> dict[str, dict]:
+             columns: tuple | None = None, made: dict[str, str] | None = None) -> dict[str, dict]:
         """Bring the rows of these session folders (default: every folder under sessions/) up to date
         with their files; rows of folders that are gone are dropped. Returns id -> row of the folders
         looked at (those without a session.yaml left out). `meta_only`: only what session.yaml says
         must be current (parent, goal, status: the runner's start), one stat per session; rows with
         only those fields and `marks`. `light`: all brought up to date, rows of unchanged sessions light;
-        `columns`: rows of unchanged sessions with these columns only (rows()).
+        `columns`: rows of unchanged sessions with these columns only (rows()); `made` (every folder only): every
+        row as stored once up to date, with these columns and made keys (rows()).
         Every folder: through the change journal when it is trusted (only changed sessions looked at)."""
         if ids is None and self._journal():
-            return self.rows(None, light=meta_only or light, columns=columns, archived=False)
+            return self.rows(None, light=meta_only or light, columns=columns, archived=False, made=made)
         if ids is not None or meta_only:  # (meta_only reads no history: it must leave the journal as it is)
             return self._sync(ids, meta_only=meta_only, light=light, columns=columns)
         taken = journal.take(self.root)  # taken before the look at every session, which covers it
         out = self._sync(None, light=light, columns=columns)
         journal.done(self.root, taken)
-        return out
+        if made is None:
+            return out
+        return {sid: row for sid, row in self.rows(None, columns=columns, archived=False, made=made).items()
+                if sid in out}  # (not those on their way into an archive)
 
     def _journal(self) -> bool:
         """If the journal is trusted: the rows of its sessions brought up to date (True); else nothing (False:
@@ -276,12 +280,14 @@ class Index(Database):
                        [tuple(json.dumps(r[c]) if c in ("usage", "last") else r[c] for c in COLUMNS) for r in rows])
 
     def rows(self, ids: list[str] | None = None, light: bool = False, columns: tuple | None = None,
-             archived: bool = True) -> dict[str, dict]:
+             archived: bool = True, made: dict[str, str] | None = None) -> dict[str, dict]:
         """Rows as stored (no files looked at): these ids, or all (`archived` False: those in sessions/). `light`:
         only LIGHT and marks; `columns`: only these (JSON ones parsed: a row's `last` or `marks` costs as much to
-        read as its usage)."""
+        read as its usage); `made`: also these keys, each the value of an SQL expression over the row."""
         columns = columns or (*(LIGHT if light else COLUMNS), "marks")
-        sql = f"SELECT {', '.join(columns)} FROM sessions" + ("" if archived else " WHERE place = ''")
+        sql = f"SELECT {', '.join((*columns, *(made or {}).values()))} FROM sessions" + \
+            ("" if archived else " WHERE place = ''")
+        names = (*columns, *(made or {}))
         args: tuple = ()
         if ids is not None:
             sql, args = sql + (" WHERE " if archived else " AND ") + "id IN (SELECT value FROM json_each(?))", \
@@ -289,13 +295,14 @@ class Index(Database):
         out = {}
         parsed = [k for k in JSON_COLUMNS if k in columns]  # (`status` asks 50,000 light rows: no per-row search)
         for r in self.run(lambda db: db.execute(sql, args).fetchall()):
-            row = dict(zip(columns, r))
+            row = dict(zip(names, r))
             for k in parsed:
                 if row[k] is not None:
                     row[k] = fastjson.loads(row[k])
-            if parsed and isinstance(row.get("usage"), dict):  # a row stored before its usage counted cached tokens
-                for k in summaries.CACHE_FIELDS:
-                    row["usage"].setdefault(k, 0)
+            usage = row.get("usage")
+            if parsed and isinstance(usage, dict) and summaries.CACHE_FIELDS[0] not in usage:  # stored before
+                for k in summaries.CACHE_FIELDS:                                                 # they were counted
+                    usage.setdefault(k, 0)
             out[row["id"]] = row
         return out
 

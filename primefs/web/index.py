@@ -15,7 +15,7 @@ import time
 from array import array
 from collections import defaultdict
 
-from primefs.index.accounting import add
+from primefs.index.accounting import total
 from primefs.store import summary as summaries
 from primefs.store.control import runner_state
 from primefs.store.session import Session, subtree
@@ -173,12 +173,7 @@ class WorkspaceIndex:
 
     def tree(self, sid: str) -> dict:
         """Usage of `sid` and all its descendants."""
-        def total():
-            out = self.own(sid)
-            for child in self.descendants(sid)[1:]:
-                out = add(out, self.own(child))
-            return out
-        return self.cached(("tree", sid), total)
+        return self.cached(("tree", sid), lambda: total(self.own(x) for x in self.descendants(sid)))
 
     def descendants(self, sid: str) -> list[str]:
         """`sid`, then its descendants depth first, children in creation order (hand-made cycles cut)."""
