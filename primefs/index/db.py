@@ -299,9 +299,9 @@ class Index(Database):
             for k in parsed:
                 if row[k] is not None:
                     row[k] = fastjson.loads(row[k])
-            usage = row.get("usage")
-            if parsed and isinstance(usage, dict) and summaries.CACHE_FIELDS[0] not in usage:  # stored before
-                for k in summaries.CACHE_FIELDS:                                                 # they were counted
+            usage = row.get("usage")  # a row stored before its usage counted cached tokens: with them, 0
+            if parsed and isinstance(usage, dict) and summaries.CACHE_FIELDS[0] not in usage:
+                for k in summaries.CACHE_FIELDS:
                     usage.setdefault(k, 0)
             out[row["id"]] = row
         return out
