@@ -201,7 +201,9 @@ def test_attach_through_a_terminal(ws, scripted, daemon_cleanup):
     finally:
         term.close()
     wait_for(lambda: s.reload()["status"] == "idle", what="idle again")
-    assert s.read_result() == "second answer" and len(s.events("turn_end")) == 2
+    # (a turn's status is set before its turn_end is appended: the event records it)
+    wait_for(lambda: len(s.events("turn_end")) == 2, what="the second turn's end")
+    assert s.read_result() == "second answer"
     assert cli(ws, "down").returncode == 0
     assert not lock_held(ws)
 
