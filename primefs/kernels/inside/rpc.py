@@ -13,6 +13,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +43,7 @@ def error_reply(exc: Exception) -> dict:
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # (socketserver's 5: kernels starting together found it full)
 
 
 class RpcServer:
@@ -108,11 +110,27 @@ def peer_pid(conn: socket.socket) -> int:
         return 0
 
 
+def _connect(s: socket.socket, path: str, timeout: float | None) -> None:
+    """Connect; a full backlog (the runner busy accepting) is waited out, up to `timeout`. With a timeout the
+    socket is non-blocking, and a unix socket's connect to a full backlog then fails at once (EAGAIN)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            s.connect(path)
+            return
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise TimeoutError(f"the primefs runner did not accept a connection in {timeout} s") from None
+            time.sleep(pause)  # (no event to wait on: the backlog has room again when the runner accepts)
+            pause = min(pause * 2, 0.05)
+
+
 def call(path: str, token: str, op: str, args: dict | None = None, timeout: float | None = None):
     """Client side (runs in the kernel): send one request, wait for its reply."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
-        s.connect(path)
+        _connect(s, path, timeout)
         s.sendall((json.dumps({"token": token, "op": op, "args": args or {}}) + "\n").encode())
         buf = b""
         while not buf.endswith(b"\n"):
