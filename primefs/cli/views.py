@@ -14,7 +14,7 @@ from primefs.store import fastjson
 from primefs.store.control import lock_held
 from primefs.store.fsutil import read_json_dict
 from primefs.store.session import subtree
-from primefs.store.summary import META
+from primefs.store.summary import CACHE_FIELDS, META
 from primefs.views.console import err, out
 from primefs.views.sessions import FINISHED_TREES, Row, arrange, table, unread_trees
 
@@ -48,17 +48,24 @@ JSON_MADE = {
 CUT = ',"interrupted":true'
 
 
+def in_order(ws, index: UsageIndex, session: str | None) -> tuple[list[str], str | None]:
+    """Every session in tree order, or only SESSION's tree (and its root id)."""
+    shown = tree_order(index)
+    if not session:
+        return shown, None
+    root = find_session(ws.sessions, session).id
+    wanted = set(subtree(index.children, root))
+    return [sid for sid in shown if sid in wanted], root
+
+
 def json_status(ws, session: str | None) -> tuple[str, dict]:
     """`status --json` (of SESSION's tree, if given) as text, and the light rows of every session (for
     goal_problems). Only tree sums are made here, of sessions with children; a leaf's is its own usage."""
     with Index(ws.root) as db:
         rows = db.sync(columns=("id", "parent", "status", "goal", "broken", "usage"), made=JSON_MADE)
     index = UsageIndex(rows=rows)
-    shown = tree_order(index)
-    index.sum_up(shown)
-    if session:
-        wanted = set(subtree(index.children, find_session(ws.sessions, session).id))
-        shown = [sid for sid in shown if sid in wanted]
+    index.sum_up(tree_order(index))
+    shown, _ = in_order(ws, index, session)
     interrupted = not lock_held(ws)  # cut off mid-turn by a runner that stopped: not at work now
     lines = []
     for sid in shown:
@@ -67,7 +74,7 @@ def json_status(ws, session: str | None) -> tuple[str, dict]:
             lines.append(fastjson.dumps(session_record(index, sid)))
             continue
         tree, own = index.tree(sid), row["usage_json"]
-        if not own or '"cache_read_tokens"' not in own:  # (as Index.rows gives it: with them)
+        if not own or f'"{CACHE_FIELDS[0]}"' not in own:  # stored before they were counted: as Index.rows gives it
             own = fastjson.dumps(index.own[sid])
         cut = CUT if interrupted and row["status"] == "running" else ""
         lines.append(f'{row["object"][:-1]},"usage":{own},"tree_usage":'
@@ -171,7 +178,6 @@ def status(ctx, session, show_all, as_json):
     and cost include all descendants.
     """
     ws = workspace(ctx)
-    root = None
     if as_json:
         text, rows = json_status(ws, session)
         click.echo(text)
@@ -181,14 +187,11 @@ def status(ctx, session, show_all, as_json):
         return
     if show_all or session:
         index = UsageIndex(ws.sessions, columns=STATUS_COLUMNS)
-        shown = tree_order(index)
-        if session:
-            root = find_session(ws.sessions, session).id
-            wanted = set(subtree(index.children, root))
-            shown = [sid for sid in shown if sid in wanted]
+        shown, root = in_order(ws, index, session)
         rows = index.rows
     else:
         index, shown, rows = folded(ws)
+        root = None
     records = [session_record(index, sid) for sid in shown if isinstance(sid, str)]
     if not lock_held(ws):  # cut off mid-turn by a runner that stopped: not at work now
         for r in records:

@@ -121,7 +121,7 @@ class Index(Database):
         if ids is not None or meta_only:  # (meta_only reads no history: it must leave the journal as it is)
             return self._sync(ids, meta_only=meta_only, light=light, columns=columns)
         taken = journal.take(self.root)  # taken before the look at every session, which covers it
-        out = self._sync(None, light=light, columns=columns)
+        out = self._sync(None, light=light, columns=columns if made is None else ("id",))  # (read whole below)
         journal.done(self.root, taken)
         if made is None:
             return out
