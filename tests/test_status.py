@@ -105,3 +105,91 @@ def test_status_json_says_what_every_record_says(ws):
     shown, records = both()
     assert shown == records and [x["usage"]["cache_read_tokens"] for x in shown if x["id"] == lone] == [0]
     assert [x["id"] for x in json.loads(cli(ws, "status", "--json", kids[0]).stdout)] == [kids[0], grandchild.id]
+
+
+def test_status_json_keeps_tree_sums_and_makes_again_what_changed_below(ws):
+    """The index keeps the tree sums status --json made (database.TREES); a change anywhere below a session (a
+    model call, a child moved by hand, broken, mended, removed) must make its sum again, and its ancestors'."""
+    import json
+    import sqlite3
+
+    from primefs.cli.views import json_status
+    from primefs.store.session import Session
+
+    root = tree(ws, "root", ["idle", "idle", "idle"])
+    kids = sorted(p.name for p in ws.sessions.iterdir() if p.is_dir() and p.name != root)
+    grandchild = create_session(ws.sessions, task="g", name="g", model="m", parent=kids[0], depth=2).id
+    other = tree(ws, "other", ["idle", "idle"])
+
+    def call(sid, n):
+        Session(ws.sessions / sid).history.append("model_call", model="m", purpose="llm", input_tokens=n,
+                                                  output_tokens=1, cost_usd=0.1, cost_known=True, latency_s=0.1)
+
+    def kept():
+        db = sqlite3.connect(ws.root / ".primefs" / "index.sqlite")
+        try:
+            return dict(db.execute("SELECT id, usage FROM trees").fetchall())
+        finally:
+            db.close()
+
+    def check():
+        text, _ = json_status(ws, None)
+        index = UsageIndex(ws.sessions, columns=STATUS_COLUMNS)
+        assert json.loads(text) == [session_record(index, sid) for sid in tree_order(index)]
+        return {r["id"]: r["tree_usage"] for r in json.loads(text)}
+
+    for sid in (root, kids[0], grandchild, other):
+        call(sid, 10)
+    sums = check()
+    assert sums[root]["calls"] == 3 and set(kept()) == {root, kids[0], other}  # sessions with children only
+    assert check() == sums  # from what was kept
+
+    call(grandchild, 5)  # two levels below the root
+    sums = check()
+    assert sums[root]["calls"] == 4 and sums[kids[0]]["input_tokens"] == 25
+
+    meta = ws.sessions / grandchild / "session.yaml"  # moved to another tree by hand: both trees change
+    meta.write_text(meta.read_text().replace(kids[0], other))
+    sums = check()
+    assert sums[root]["calls"] == 2 and sums[other]["calls"] == 3 and kids[0] not in kept()
+
+    meta = ws.sessions / kids[1] / "session.yaml"  # broken, then mended
+    good = meta.read_text()
+    meta.write_text("status: [unclosed\n")
+    call(kids[1], 7)
+    assert check()[root]["calls"] == 2
+    meta.write_text(good)
+    sums = check()
+    assert sums[root]["calls"] == 3
+    create_session(ws.sessions, task="n", name="n", model="m", parent=kids[1], depth=2)  # a leaf gets a child
+    call(kids[1], 1)
+    assert check()[root]["calls"] == sums[root]["calls"] + 1
+
+    import shutil
+    shutil.rmtree(ws.sessions / other)  # its children are shown as trees of their own
+    check()
+
+
+def test_tree_sums_made_from_rows_another_process_changed_are_not_kept(ws):
+    """A sum made from rows read before another process wrote may be stale: keep_trees keeps nothing then, and
+    the sessions marked changed stay marked."""
+    from primefs.index.db import Index
+    from primefs.store.session import Session
+
+    def count(db, table):
+        return db.run(lambda c: c.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    root = tree(ws, "root", ["idle", "idle"])
+    with Index(ws.root) as mine, Index(ws.root) as theirs:
+        mine.sync()
+        marked = count(mine, "trees_changed")
+        assert marked == 2  # each row written (the root, also as the parent of the other)
+        Session(ws.sessions / root).history.append("notice", text="a row marked already, written again")
+        mine.sync()
+        assert count(mine, "sessions") == 2 and count(mine, "trees_changed") == marked
+        version = mine.data_version()
+        theirs.set_state("x", "1")
+        mine.keep_trees({"a": "{}"}, set(), version)
+        assert (count(mine, "trees"), count(mine, "trees_changed")) == (0, marked)
+        mine.keep_trees({"a": "{}"}, set(), mine.data_version())
+        assert (count(mine, "trees"), count(mine, "trees_changed")) == (1, 0)

@@ -8,7 +8,7 @@ import click
 
 from primefs.cli.options import print_table, workspace, ws_option
 from primefs.errors import PrimefsError
-from primefs.index.accounting import UsageIndex, tops, tree_order
+from primefs.index.accounting import UsageIndex, tops, tree_order, tree_texts
 from primefs.index.db import Index, find_session
 from primefs.store import fastjson
 from primefs.store.control import lock_held
@@ -39,11 +39,17 @@ def session_record(index: UsageIndex, sid: str) -> dict:
 
 
 # status --json: each session's object but its usage is made by SQLite, as text (a dict per session and its
-# encoding cost a second at 50,000 sessions); its usage too, unless stored before cached tokens were counted
+# encoding cost a second at 50,000 sessions); its usage too, unless stored before cached tokens were counted; and
+# the tree usage of sessions with children as the index keeps it (database.TREES), where current
 JSON_MADE = {
     "object": "json_object(" + ", ".join(f"'{k}', " + ("coalesce(depth, 0)" if k == "depth" else k)
                                          for k in RECORD_KEYS) + ")",
-    "usage_json": "json(usage)",
+    # compact as stored (json() for a row stored with spaces, by an earlier primefs); NULL for one stored before
+    # cached tokens were counted: dumped as Index.rows gives it
+    "usage_json": f"CASE WHEN instr(usage, '\"{CACHE_FIELDS[0]}\"') = 0 THEN NULL "
+                  "WHEN instr(usage, '\": ') THEN json(usage) ELSE usage END",
+    "tree_json": "coalesce((SELECT '' FROM trees_changed c WHERE c.id = sessions.id), "
+                 "(SELECT usage FROM trees WHERE trees.id = sessions.id))",  # '': changed since it was kept
 }
 CUT = ',"interrupted":true'
 
@@ -60,12 +66,24 @@ def in_order(ws, index: UsageIndex, session: str | None) -> tuple[list[str], str
 
 def json_status(ws, session: str | None) -> tuple[str, dict]:
     """`status --json` (of SESSION's tree, if given) as text, and the light rows of every session (for
-    goal_problems). Only tree sums are made here, of sessions with children; a leaf's is its own usage."""
+    goal_problems). Usage is parsed only where a tree sum is made: of a session with children that changed
+    below since the index kept its sum; a leaf's tree usage is its own."""
     with Index(ws.root) as db:
-        rows = db.sync(columns=("id", "parent", "status", "goal", "broken", "usage"), made=JSON_MADE)
-    index = UsageIndex(rows=rows)
-    index.sum_up(tree_order(index))
-    shown, _ = in_order(ws, index, session)
+        version = db.data_version()  # (before the rows are read: a sum made from them is kept only if still true)
+        rows = db.sync(columns=("id", "parent", "status", "goal", "broken"), made=JSON_MADE)
+        index = UsageIndex(rows=rows)
+
+        def own(ids: list[str]) -> dict:  # (their usage is parsed; of other sessions it is printed as stored)
+            index.own.update((sid, row["usage"]) for sid, row in db.rows(ids, columns=("id", "usage")).items())
+            return index.own
+
+        shown, _ = in_order(ws, index, session)
+        trees, made, dropped = tree_texts(index, shown, {sid: row["tree_json"] for sid, row in rows.items()}, own)
+        if not session and (made or dropped or any(row["tree_json"] == "" for row in rows.values())):
+            db.keep_trees(made, dropped, version)  # (of every tree only: what changed elsewhere stays marked)
+        unprinted = [sid for sid in shown if sid in index.broken or not rows[sid]["usage_json"]]
+        if unprinted:
+            own(unprinted)
     interrupted = not lock_held(ws)  # cut off mid-turn by a runner that stopped: not at work now
     lines = []
     for sid in shown:
@@ -73,12 +91,9 @@ def json_status(ws, session: str | None) -> tuple[str, dict]:
         if sid in index.broken:
             lines.append(fastjson.dumps(session_record(index, sid)))
             continue
-        tree, own = index.tree(sid), row["usage_json"]
-        if not own or f'"{CACHE_FIELDS[0]}"' not in own:  # stored before they were counted: as Index.rows gives it
-            own = fastjson.dumps(index.own[sid])
+        mine = row["usage_json"] or fastjson.dumps(index.own[sid])
         cut = CUT if interrupted and row["status"] == "running" else ""
-        lines.append(f'{row["object"][:-1]},"usage":{own},"tree_usage":'
-                     f'{own if tree is index.own[sid] else fastjson.dumps(tree)}{cut}}}')
+        lines.append(f'{row["object"][:-1]},"usage":{mine},"tree_usage":{trees.get(sid, mine)}{cut}}}')
     return ("[\n" + ",\n".join(lines) + "\n]") if lines else "[]", rows
 
 

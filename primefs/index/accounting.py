@@ -13,6 +13,7 @@ from operator import methodcaller
 from pathlib import Path
 
 from primefs.index.db import Entry, Index
+from primefs.store import fastjson
 from primefs.store import summary as summaries
 from primefs.store.session import Session, subtree
 
@@ -94,6 +95,50 @@ class UsageIndex:
             sums = [self._tree[c] for c in kids if c in self._tree] if kids else None
             # a leaf's sum is its own usage (never changed in place)
             self._tree[node] = total([self.own[node], *sums]) if sums else self.own[node]
+
+
+def tree_texts(index: UsageIndex, walk: list[str], kept: dict, load) -> tuple[dict[str, str], dict[str, str], set]:
+    """The tree usage, as JSON text, of each session of `walk` (tree_order, or one tree of it) that has
+    children: the text kept in the index (`kept`: id -> text, None if none, "" if the session changed since;
+    database.TREES) where it is current, else made from the children's, as sum_up makes it. What changed below a
+    session changed it: made again are every changed session with children and their ancestors. `load(ids)`:
+    the own usage of these sessions (id -> usage), asked once. Returns every text, those made now, and the
+    sessions whose kept text is to be dropped (changed, now without children)."""
+    walked = set(walk)
+    inner = {n for n, kids in index.children.items() if kids and n in index.sessions and n in walked}
+    stale: set[str] = set()
+
+    def parent(sid: str) -> str | None:
+        entry = index.sessions.get(sid)
+        return entry.row.get("parent") if entry is not None else None
+
+    changed = [n for n in walk if kept.get(n) == ""]
+    for node in changed + [n for n in inner if kept.get(n) is None]:
+        up = node if node in inner else parent(node)  # above a session, every one has children
+        while up in inner and up not in stale:  # (one already in: so are those above it)
+            stale.add(up)
+            up = parent(up)
+    texts, fresh = {n: kept[n] for n in inner - stale}, {}
+    dropped = {n for n in changed if n not in inner}
+    if not stale:
+        return texts, fresh, dropped
+    own = load(sorted(stale.union(*(index.children[n] for n in stale))))
+    done: dict[str, dict] = {}  # the sums made now
+
+    def tree(sid: str) -> dict:
+        if sid in done:
+            return done[sid]
+        return fastjson.loads(kept[sid]) if sid in inner and sid not in stale else own[sid]
+
+    for node in reversed(walk):  # children before their parents
+        if node in stale:  # (a child not yet made is in a cycle of parents: cut, as sum_up cuts it)
+            kids = [c for c in index.children[node] if c in walked and (c in done or c not in stale)]
+            done[node] = total([own[node], *map(tree, kids)]) if kids else own[node]
+            if kids:
+                texts[node] = fresh[node] = fastjson.dumps(done[node])
+            else:
+                dropped.add(node)
+    return texts, fresh, dropped
 
 
 def tops(index) -> list[str]:

@@ -39,6 +39,26 @@ CREATE TABLE archives (
   sessions TEXT NOT NULL                  -- the session ids its manifest names (archived.sync_archives)
 );
 """
+# Added beside version 7's tables too: the usage of each session with children and all its descendants, as
+# `status --json` made it from the rows (accounting.tree_texts), and the sessions changed since. Triggers mark
+# every row written and its parents, old and new, whatever version of primefs writes: a sum is made again for
+# each marked session with children and each ancestor of a marked session. (No OR IGNORE in them: the conflict
+# rule of the statement that fires a trigger replaces its own, and an upsert's would fail the write.)
+TREES = """
+CREATE TABLE IF NOT EXISTS trees (id TEXT PRIMARY KEY, usage TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trees_changed (id TEXT PRIMARY KEY);
+CREATE TRIGGER IF NOT EXISTS trees_insert AFTER INSERT ON sessions BEGIN
+  INSERT INTO trees_changed (id) SELECT value FROM (SELECT NEW.id AS value UNION SELECT NEW.parent)
+    WHERE value IS NOT NULL AND value NOT IN (SELECT id FROM trees_changed); END;
+CREATE TRIGGER IF NOT EXISTS trees_update AFTER UPDATE OF id, parent, usage, broken, place ON sessions BEGIN
+  INSERT INTO trees_changed (id) SELECT value FROM (SELECT OLD.id AS value UNION SELECT NEW.id
+    UNION SELECT OLD.parent UNION SELECT NEW.parent)
+    WHERE value IS NOT NULL AND value NOT IN (SELECT id FROM trees_changed); END;
+CREATE TRIGGER IF NOT EXISTS trees_delete AFTER DELETE ON sessions BEGIN
+  INSERT INTO trees_changed (id) SELECT value FROM (SELECT OLD.id AS value UNION SELECT OLD.parent)
+    WHERE value IS NOT NULL AND value NOT IN (SELECT id FROM trees_changed); END;
+"""
+COMPACT = "usage compact"  # the state key saying usage was made compact in every row stored before
 BUSY_S = 10.0
 
 
@@ -103,7 +123,17 @@ class Database:
         # Added beside version 7's tables, not as a new version (which would index every event again): older
         # primefs versions ignore it. key -> value: "watched", the runner whose change journal is trusted.
         db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
-        db.execute("SELECT 1 FROM sessions, events, events_text, archives, state LIMIT 0")  # damaged tables fail here
+        db.executescript(TREES)  # (a trigger's body holds ";": not split as SCHEMA is)
+        if state_of(db, COMPACT) is None:  # usage stored with json.dumps's spaces: compact, as status --json prints it
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("UPDATE sessions SET usage = json(usage) WHERE instr(usage, '\": ')")
+                put_state(db, COMPACT, "1")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        db.execute("SELECT 1 FROM sessions, events, events_text, archives, state, trees, trees_changed LIMIT 0")  # damaged tables fail here
         db.execute("PRAGMA synchronous=NORMAL")
 
     def remove_files(self) -> None:

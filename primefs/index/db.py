@@ -72,6 +72,15 @@ def row_of(s: dict, result: str | None, keys: list, place: str = "") -> dict:
             "result": result, "keys": json.dumps(keys), "place": place, "marks": None}
 
 
+def usage_of(text: str):
+    """A row's usage as stored; one stored before cached tokens were counted has them, 0."""
+    usage = fastjson.loads(text)
+    if isinstance(usage, dict) and summaries.CACHE_FIELDS[0] not in usage:
+        for k in summaries.CACHE_FIELDS:
+            usage.setdefault(k, 0)
+    return usage
+
+
 class Entry:
     """A session as the index has it: `id`, `meta` (the session.yaml fields status shows), `row`
     (turns, result, usage, last event)."""
@@ -277,7 +286,8 @@ class Index(Database):
         updates = ", ".join(f"{c} = excluded.{c}" for c in COLUMNS if c != "id")
         db.executemany(f"INSERT INTO sessions ({names}) VALUES ({', '.join('?' * len(COLUMNS))}) "
                        f"ON CONFLICT(id) DO UPDATE SET {updates}",
-                       [tuple(json.dumps(r[c]) if c in ("usage", "last") else r[c] for c in COLUMNS) for r in rows])
+                       [tuple(fastjson.dumps(r[c]) if c == "usage" else json.dumps(r[c]) if c == "last" else r[c]
+                              for c in COLUMNS) for r in rows])  # usage compact: status --json prints it as stored
 
     def rows(self, ids: list[str] | None = None, light: bool = False, columns: tuple | None = None,
              archived: bool = True, made: dict[str, str] | None = None) -> dict[str, dict]:
@@ -298,13 +308,26 @@ class Index(Database):
             row = dict(zip(names, r))
             for k in parsed:
                 if row[k] is not None:
-                    row[k] = fastjson.loads(row[k])
-            usage = row.get("usage")  # a row stored before its usage counted cached tokens: with them, 0
-            if parsed and isinstance(usage, dict) and summaries.CACHE_FIELDS[0] not in usage:
-                for k in summaries.CACHE_FIELDS:
-                    usage.setdefault(k, 0)
+                    row[k] = usage_of(row[k]) if k == "usage" else fastjson.loads(row[k])
             out[row["id"]] = row
         return out
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (SQLite's `PRAGMA data_version`)."""
+        return self.run(lambda db: db.execute("PRAGMA data_version").fetchone()[0])
+
+    def keep_trees(self, texts: dict[str, str], dropped: set[str], version: int) -> None:
+        """Keep these tree sums (id -> usage as JSON text; database.TREES) and drop those of `dropped` (no longer
+        with children), all made from rows read at `version` (data_version() before they were read), with every
+        session changed since the last sums were kept: unless another process wrote since, as then some may be
+        stale."""
+        def put(db) -> None:
+            if db.execute("PRAGMA data_version").fetchone()[0] == version:
+                db.execute("DELETE FROM trees WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(sorted(dropped)),))
+                db.executemany("INSERT OR REPLACE INTO trees (id, usage) VALUES (?, ?)", texts.items())
+                db.execute("DELETE FROM trees_changed")
+
+        self.write(put)
 
     def set_marks(self, marks: dict[str, list]) -> None:
         """Remember when sessions were seen settled (alive.py): the next start need not list their mail."""
