@@ -123,7 +123,10 @@ class Database:
         # Added beside version 7's tables, not as a new version (which would index every event again): older
         # primefs versions ignore it. key -> value: "watched", the runner whose change journal is trusted.
         db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
-        db.executescript(TREES)  # (a trigger's body holds ";": not split as SCHEMA is)
+        made = "SELECT count(*) FROM sqlite_master WHERE name IN ('trees', 'trees_changed', 'trees_insert', " \
+               "'trees_update', 'trees_delete')"
+        if db.execute(made).fetchone()[0] != 5:  # (made once: a script costs more than the look at each open)
+            db.executescript(TREES)  # (a trigger's body holds ";": not split as SCHEMA is)
         if state_of(db, COMPACT) is None:  # usage stored with json.dumps's spaces: compact, as status --json prints it
             db.execute("BEGIN IMMEDIATE")
             try:
