@@ -207,7 +207,9 @@ def subtree(children: dict, root: str) -> list[str]:
             continue
         seen.add(sid)
         out.append(sid)
-        stack.extend(sorted(children.get(sid, ()), reverse=True))
+        kids = children.get(sid)
+        if kids:  # (most sessions have none: no sort for them)
+            stack.extend(sorted(kids, reverse=True))
     return out
 
 
