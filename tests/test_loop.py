@@ -242,6 +242,38 @@ def test_coalesced_turn_commits_name_their_sessions(ws):
     assert subject_for([Mark("x-abc", "demo", "direct call")], []) == "direct call: demo (abc)"
 
 
+def test_the_next_commit_waits_longer_after_a_slow_one(ws, monkeypatch):
+    """In a big workspace a commit is slow (every git process reads the whole index): the committer then
+    waits SHARE times as long as it took before the next, so git takes a part of a core, not all of it."""
+    import threading
+    import time
+
+    from primefs.store import gitops
+
+    calls, committed = [], [threading.Event(), threading.Event()]
+    real = gitops.commit_paths
+
+    def slow(root, paths, message):
+        start = time.monotonic()
+        if not calls:
+            time.sleep(0.3)  # as git takes at ~10,000 sessions
+        result = real(root, paths, message)
+        calls.append((start, time.monotonic()))
+        committed[len(calls) - 1].set()
+        return result
+
+    monkeypatch.setattr(gitops, "commit_paths", slow)
+    committer = gitops.Committer(ws.root)
+    for i in range(2):
+        (ws.sessions / f"s-{i}").mkdir()
+        (ws.sessions / f"s-{i}" / "f.txt").write_text("x")
+        committer.request(f"sessions/s-{i}", f"session s-{i}: turn 1 idle")
+        assert committed[i].wait(30)
+    committer.close()
+    (first_start, first_end), (second_start, _) = calls
+    assert second_start - first_end >= gitops.Committer.SHARE * (first_end - first_start) - 0.01
+
+
 def test_a_turn_going_round_in_circles_is_told_then_stopped(ws, server):
     """The same cell again and again (loop_repeat 4): a notice at the 4th, the stop 2 cells later, saying
     what repeated; the model saw the notice; an autonomous goal takes no more turns."""
