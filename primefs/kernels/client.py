@@ -96,14 +96,23 @@ class KernelClient:
         self.kc = BlockingKernelClient(context=zmq_context())
         self.kc.load_connection_info(info)
         self.kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+        # read from the channels themselves: the client's get_*_msg run each read in an asyncio loop of
+        # their own (jupyter_client's run_sync), which cost the runner more than the read
+        self.shell, self.iopub = self.kc.shell_channel, self.kc.iopub_channel
 
     def wait_ready(self, timeout: float = 30.0, cancelled=lambda: False) -> None:
         """Ready = a kernel_info reply on shell *and* a message on iopub: output sent before the iopub
-        subscription is live would be lost (re-send kernel_info while waiting)."""
+        subscription is live would be lost (re-send kernel_info while waiting). Both sockets are waited on
+        at once, 50 ms at most: not polled in turn (a kernel's start is ~100 ms of such waiting)."""
+        import zmq
+
         deadline = time.monotonic() + timeout
         sent: set[str] = set()
         shell = iopub = False
         next_send = 0.0
+        poller = zmq.Poller()
+        poller.register(self.shell.socket, zmq.POLLIN)
+        poller.register(self.iopub.socket, zmq.POLLIN)
         while not (shell and iopub):
             now = time.monotonic()
             if now > deadline:
@@ -115,16 +124,14 @@ class KernelClient:
             if not shell and now >= next_send:
                 sent.add(self.kc.kernel_info())
                 next_send = now + 0.05
-            try:
-                reply = self.kc.get_shell_msg(timeout=0.005)
+            wait = min(0.05, next_send - now) if not shell else 0.05  # (and look again at alive and cancelled)
+            ready = dict(poller.poll(max(1, int(wait * 1000))))
+            if self.shell.socket in ready:
+                reply = self.shell.get_msg(timeout=0)
                 shell = shell or reply["parent_header"].get("msg_id") in sent
-            except Exception:  # queue.Empty
-                pass
-            try:
-                self.kc.get_iopub_msg(timeout=0.001 if not shell else 0.01)
+            if self.iopub.socket in ready:
+                self.iopub.get_msg(timeout=0)
                 iopub = True
-            except Exception:
-                pass
         self._drain_iopub()
         self._drain_shell()
 
@@ -154,7 +161,7 @@ class KernelClient:
         last_alive_check = started
         while True:
             try:
-                msg = self.kc.get_iopub_msg(timeout=0.1)
+                msg = self.iopub.get_msg(timeout=0.1)
             except Exception:  # nothing yet
                 msg = None
             now = time.monotonic()
@@ -204,7 +211,7 @@ class KernelClient:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                reply = self.kc.get_shell_msg(timeout=0.1)
+                reply = self.shell.get_msg(timeout=0.1)
             except Exception:
                 continue
             if reply["parent_header"].get("msg_id") == msg_id:
@@ -220,7 +227,7 @@ class KernelClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the kernel did not evaluate {expr[:60]!r} within {timeout:g} s")
             try:
-                reply = self.kc.get_shell_msg(timeout=0.1)
+                reply = self.shell.get_msg(timeout=0.1)
             except Exception:
                 if not self.alive():
                     raise RuntimeError("the kernel died") from None
@@ -234,10 +241,10 @@ class KernelClient:
             return value["data"]["text/plain"]
 
     def _drain_iopub(self) -> None:
-        _drain(self.kc.get_iopub_msg)
+        _drain(self.iopub.get_msg)
 
     def _drain_shell(self) -> None:
-        _drain(self.kc.get_shell_msg)
+        _drain(self.shell.get_msg)
 
     def close(self) -> None:
         try:
