@@ -140,8 +140,7 @@ def one_turn(gateway, caller: DirectCaller, messages: list[dict], purpose: str, 
     """The session's one turn: a model call through the gateway, its reply the session's answer."""
     s = caller.session
     started = time.monotonic()
-    s.update(started_ts=time.time())
-    s.set_status("running", stop_reason=None)
+    s.set_status("running", stop_reason=None, started_ts=time.time())
     s.history.append("task", text=s.task)
     s.history.append("turn_start", turn=1, model=caller.settings["model"])
     s.history.append("notice", text=note, **notice)

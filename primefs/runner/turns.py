@@ -142,14 +142,13 @@ class Turns:
         if not resumed:
             agent.turns += 1
         s = agent.session
-        if not s.meta.get("started_ts"):
-            s.update(started_ts=time.time())  # the seconds budget counts from here
+        first = {} if s.meta.get("started_ts") else {"started_ts": time.time()}  # the seconds budget counts from here
         if s.meta.get("worktree"):  # its git worktree: made at its first turn, again if removed since
             made = Path(worktrees.ensure(self.ws, s)["path"])
             room = os.lstat(made.parent)
             if room.st_uid != os.getuid():  # a root runner's sandboxed kernel, nobody, has its room: this too
                 give(made, room.st_uid, room.st_gid)
-        s.set_status("running", stop_reason=None)
+        s.set_status("running", stop_reason=None, **first)
         start = agent.record("turn_start", turn=agent.turns, model=agent.settings["model"],
                              **({"resumed": True} if resumed else {}))
         with tracing.turn(s, start) as span:

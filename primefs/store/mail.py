@@ -75,7 +75,7 @@ def deliver(mail_dir: Path, *, sender: str, to: str, kind: str, text: str, extra
     tmp = mail_dir / "tmp" / f"{msg.id}.md"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(frontmatter.dump(meta, text))
+        f.write(frontmatter.dump(meta, text, safe=True))
         f.flush()
         os.fsync(f.fileno())
     target = mail_dir / "new" / tmp.name

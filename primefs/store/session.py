@@ -75,12 +75,14 @@ class Session:
             return meta
 
     def set_status(self, status: str, **fields) -> None:
+        """The status and these fields in session.yaml (one write); a `status` event when it changed, with
+        `stop_reason` and `error` when not null."""
         assert status in STATUSES, status
         previous = self.meta.get("status")
         self.update(status=status, **fields)
         if previous != status:
             self.history.append("status", status=status, previous=previous,
-                                **{k: v for k, v in fields.items() if v is not None})
+                                **{k: fields[k] for k in ("stop_reason", "error") if fields.get(k) is not None})
         self.summary()
 
     def summary(self, write: bool = True) -> dict:
