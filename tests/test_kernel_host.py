@@ -139,3 +139,12 @@ def test_many_kernels_start_in_parallel(host, tmp_path):
     assert not errors and len(kernels) == 24
     assert len({k.pid for k in kernels}) == 24
     assert all(k.execute("print(1 + 1)", timeout=30).output == "2\n" for k in kernels)
+
+
+def test_a_long_lived_kernel_client_keeps_a_bounded_replay_history(host, tmp_path):
+    """jupyter_client remembers the signature of every message it receives (65,536 by default, ~8.5 MB for
+    the life of a client): a session's kernel lives for days, so its client keeps the last 1,024."""
+    k = host.start(KernelSpec("a", tmp_path))
+    for i in range(300):  # ~5 messages a cell
+        assert k.execute(f"print({i})", timeout=20).output == f"{i}\n"
+    assert 0 < len(k.client.kc.session.digest_history) <= 1024

@@ -94,6 +94,10 @@ class KernelClient:
         self.interrupt = interrupt
         self.busy = False  # a cell runs (the host's limit watch looks at busy kernels' rooms)
         self.kc = BlockingKernelClient(context=zmq_context())
+        # jupyter_client keeps the signature of every message received (a replay check), up to 65,536 (~8.5 MB)
+        # for the life of a client: a kernel that lives for days. Its own child, on a private socket with a key
+        # of its own: the last 1,024 are enough (~150 KB).
+        self.kc.session.digest_history_size = 1024
         self.kc.load_connection_info(info)
         self.kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         # read from the channels themselves: the client's get_*_msg run each read in an asyncio loop of
