@@ -10,7 +10,6 @@ import io
 import os
 import re
 import stat
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +124,9 @@ def _safe_load(raw: str):
     is parsed again by the pure one, which says what is wrong as it always did and accepts a little more
     (a lone surrogate's escape, which the caller then names)."""
     try:
-        return _use("safe", lambda y: y.load(raw))
+        return YAML(typ="safe").load(raw)
     except Exception:  # noqa: BLE001 - the pure parser's verdict is the one given
-        return _use("pure", lambda y: y.load(raw))
+        return YAML(typ="safe", pure=True).load(raw)
 
 
 def loads_yaml(raw: str, label: str, safe: bool = False) -> Any:
@@ -195,41 +194,21 @@ def load_yaml(path: Path, safe: bool = False, label: str | None = None, max_byte
 def dump_yaml(data: Any, safe: bool = False) -> str:
     """YAML text of `data`; `safe`: machine-written plain data (session.yaml, mail), through the safe representer,
     ~3x as fast as the round-trip one, which still takes what it refuses (ruamel's own types, from a round-trip
-    load)."""
+    load). A YAML object is made for each call: one kept per thread made a runner's memory grow twice as fast
+    (bench/leaks.py, side by side)."""
     if safe:
+        y = YAML(typ="safe")
+        y.default_flow_style = False
+        y.sort_base_mapping_type_on_output = False
+        y.width = 4096
         try:
-            return _use("safe dump", lambda y: _dumped(y, data))
+            return _dumped(y, data)
         except RepresenterError:
             pass
-    return _use("rt dump", lambda y: _dumped(y, data))
+    return _dumped(yaml_rt(), data)
 
 
 def _dumped(y: YAML, data: Any) -> str:
     buf = io.StringIO()
     y.dump(data, buf)
     return buf.getvalue()
-
-
-def _made(kind: str) -> YAML:
-    if kind == "rt dump":
-        return yaml_rt()
-    y = YAML(typ="safe", pure=kind == "pure")
-    if kind == "safe dump":
-        y.default_flow_style = False
-        y.sort_base_mapping_type_on_output = False
-        y.width = 4096
-    return y
-
-
-# Each thread keeps its YAML objects: making one costs a tenth of a dump, and each made a loader class of its
-# own, freed only by the cycle collector (memory held between collections in a long-running runner).
-_yamls = threading.local()
-
-
-def _use(kind: str, work):
-    """work(y) with this thread's YAML object of this kind ("safe", "pure", "safe dump", "rt dump")."""
-    y = getattr(_yamls, kind, None) or _made(kind)
-    setattr(_yamls, kind, None)  # one that failed midway dumps nothing after: kept only if it did not fail
-    out = work(y)
-    setattr(_yamls, kind, y)
-    return out

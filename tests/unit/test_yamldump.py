@@ -1,7 +1,6 @@
-"""Machine-written YAML (session.yaml, mail front matter) goes through ruamel's safe representer, each thread
-keeping its dumpers. What the safe one refuses (ruamel's own types, from a round-trip load, such as a quoted
-name in a goal's front matter) goes through the round-trip one; a dumper that failed midway is not used again
-(ruamel's then dumps nothing)."""
+"""Machine-written YAML (session.yaml, mail front matter) goes through ruamel's safe representer. What it
+refuses (ruamel's own types, from a round-trip load, such as a quoted name in a goal's front matter) goes through
+the round-trip one, and a failed dump leaves nothing behind that breaks the next."""
 from __future__ import annotations
 
 import threading
@@ -27,7 +26,7 @@ def test_safe_dump_takes_round_trip_types_and_keeps_working_after_a_failure(tmp_
     assert meta == {"from": "a", "kind": "result", "to": "e1"} and body == "hello\n"
 
 
-def test_each_thread_dumps_with_its_own_dumper():
+def test_threads_dump_at_once():
     data = [{"i": i, "text": "x" * (i % 50), "more": list(range(i % 7))} for i in range(200)]
     expected = [dump_yaml(d, safe=True) for d in data]
     out: list = [None] * 4
