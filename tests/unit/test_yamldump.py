@@ -3,8 +3,6 @@ refuses (ruamel's own types, from a round-trip load, such as a quoted name in a 
 the round-trip one, and a failed dump leaves nothing behind that breaks the next."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 from ruamel.yaml.representer import RepresenterError
 
@@ -25,18 +23,3 @@ def test_safe_dump_takes_round_trip_types_and_keeps_working_after_a_failure(tmp_
     meta, body = split(dump({"from": "a", "kind": "result", "to": quoted["name"]}, "hello\n", safe=True))
     assert meta == {"from": "a", "kind": "result", "to": "e1"} and body == "hello\n"
 
-
-def test_threads_dump_at_once():
-    data = [{"i": i, "text": "x" * (i % 50), "more": list(range(i % 7))} for i in range(200)]
-    expected = [dump_yaml(d, safe=True) for d in data]
-    out: list = [None] * 4
-
-    def work(k):
-        out[k] = [dump_yaml(d, safe=True) for d in data]
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert out == [expected] * 4
