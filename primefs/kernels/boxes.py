@@ -9,7 +9,7 @@ import stat
 import sys
 import threading
 
-from primefs.kernels.cgroups import Cgroup
+from primefs.kernels.cgroups import Cgroup, remove_group
 from primefs.kernels.sandbox import SandboxError, kernel_ids
 
 
@@ -118,6 +118,7 @@ def weaker_limits() -> str | None:
         probe = Cgroup.make(f"probe-{os.getpid()}", "probe", 64, 16)
         if probe is not None:
             probe.remove()
+            remove_group(f"probe-{os.getpid()}")
         _MACHINE["limits"] = None if probe else (
             "no cgroup can be made here: memory (sandbox.memory_mb) and CPU seconds (sandbox.cpu_s) are capped per "
             "process, not over all the processes of a kernel; processes are still capped per kernel")

@@ -356,6 +356,7 @@ class LocalKernelHost(KernelHost):
                 server.kill()
                 server.wait(5)
         self.rpc.close()
+        cgroups.remove_group(self.runtime.name)
 
 
 MAX_REQUESTS = 256  # requests one kernel may have waiting at once (threads blocked in wait(), llm(), ...)
