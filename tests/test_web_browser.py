@@ -248,6 +248,7 @@ def test_usage_and_eval_pages_draw_their_charts(sws, page, tmp_path):
         assert re.search(r"4 session\(s\)", page.inner_text("main"))
         assert page.locator("#chart-tokens polyline").count() == 4
         page.click("nav >> text=Evals")
+        page.wait_for_selector("#chart-score circle")  # (drawn by the page's script once it loaded: count() waits not)
         assert page.locator("#chart-score circle").count() == 1
         assert page.inner_text("#runs td.score") == "0.500"
         shot(page, tmp_path, "evals")
