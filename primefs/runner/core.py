@@ -294,6 +294,7 @@ class Runner:
                               **self.scheduler.snapshot(), **host, "mcp_tools": self.toolbox.mcp_state()})
 
     def _shutdown(self) -> None:
+        self.requests.close()  # first: the connection files name kernels that are going (a stop may be cut short)
         self.bell.ring()  # release waiters in wait()/recv()
         self.turns.kernels.interrupt_all(list(self.turns.agents.values()))
         self.scheduler.join(10)
@@ -302,7 +303,6 @@ class Runner:
         if self.host is not None:
             self.host.close()
         self.toolbox.close()
-        self.requests.close()
         self.intake.harness_touched()
         self.intake.commit_hand_edits()
         committer = self.turns.committer
