@@ -307,3 +307,54 @@ def test_a_kernel_searches_every_session_archived_ones_too(ws, scripted):
     lines = cell["output"].splitlines()
     assert lines[0] == "[('marker', 'cell')]" and lines[1] == "0", cell["output"]
     assert lines[2].startswith("refused: history.search() '\"open'") and "scope is 'session'" in lines[3]
+
+
+def _index_contents(ws) -> tuple:
+    db = sqlite3.connect(ws.root / ".primefs" / "index.sqlite")
+    try:
+        events = db.execute("SELECT s.id, e.n, e.ts, e.type, e.model, e.pos, e.len FROM events e "
+                            "JOIN sessions s ON s.key = e.session ORDER BY s.id, e.pos").fetchall()
+        found = db.execute("SELECT s.id, e.pos FROM events_text t JOIN events e ON e.id = t.rowid JOIN sessions s "
+                           "ON s.key = e.session WHERE events_text MATCH 'children' ORDER BY 1, 2").fetchall()
+        rows = db.execute("SELECT id, indexed, indexed_check FROM sessions ORDER BY id").fetchall()
+    finally:
+        db.close()
+    return events, found, rows
+
+
+def _reindexed(ws, monkeypatch, executable: str | None = None, apart: bool = True) -> tuple:
+    import sys
+
+    from primefs.index import events as eventindex
+
+    with monkeypatch.context() as m:
+        m.setattr(eventindex, "APART_AT", 1 if apart else 10 ** 9)
+        m.setattr(eventindex, "APART_BATCH", 1)  # a batch per history: several lines to send
+        if executable:
+            m.setattr(sys, "executable", executable)
+        with Index(ws.root) as index:
+            index.rebuild()
+            index.sync()
+            seen: list = []
+            added = eventindex.sync_events(index, progress=lambda k, total=None: seen.append((k, total)))
+    assert seen[0] == (0, len(session_ids(ws.sessions))) and sum(k for k, _ in seen) == seen[0][1]
+    return added, _index_contents(ws)
+
+
+def test_histories_read_in_a_process_of_their_own_index_what_one_process_does(ws, monkeypatch, tmp_path):
+    """reindex reads histories in a second process (events.read_apart) while it writes: the index must be the
+    same, event for event, as one process makes; and if that process dies part way (here: its output cut after
+    the first batch) or cannot start, the histories it did not send are read here."""
+    import stat
+    import sys
+
+    ws = fan_out(ws)
+    grow(ws, 2)
+    alone = _reindexed(ws, monkeypatch, apart=False)
+    assert alone[0] > 0 and alone[1][1]  # events, and text found
+    assert _reindexed(ws, monkeypatch) == alone
+    cut = tmp_path / "python-cut"  # the real reader, its output cut after one line
+    cut.write_text(f'#!/bin/sh\n"{sys.executable}" "$@" | head -n 1\n')
+    cut.chmod(cut.stat().st_mode | stat.S_IXUSR)
+    assert _reindexed(ws, monkeypatch, executable=str(cut)) == alone
+    assert _reindexed(ws, monkeypatch, executable=str(tmp_path / "no-such-python")) == alone

@@ -7,12 +7,10 @@ from datetime import datetime
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from primefs.cli.options import print_table, ws_option
+from primefs.cli.options import progress_bar, print_table, ws_option
 from primefs.errors import PrimefsError
-from primefs.views.console import err
 
 
 def plugin_workspace(ctx) -> tuple:
@@ -103,7 +101,7 @@ def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, judge, con
                 or params or oracle:
             raise PrimefsError("--rerun takes its settings from the run's config.yaml: give only --out, -w, --json")
         out_dir = Path(out or f"{rerun.rstrip('/')}-rerun-{datetime.now():%Y%m%d-%H%M%S}")
-        with _bar(f"rerun of {rerun}") as progress:
+        with progress_bar(f"rerun of {rerun}") as progress:
             summary, diff, notes = rerun_eval(Path(rerun), out_dir, workspace=ws, plugins_from=(plugin_ws, how),
                                               progress=progress)
         _show(summary, out_dir, as_json, extra={"differences": diff, "notes": notes})
@@ -125,34 +123,10 @@ def eval_cmd(ctx, bench, model, n, n_old, seed, mode, params, scorer, judge, con
     safe = bench.replace("file:", "file-").replace("/", "_")
     out_dir = Path(out or f"eval-runs/{Path(safe).stem if bench.startswith('file:') else safe}-"
                           f"{datetime.now():%Y%m%d-%H%M%S}")
-    with _bar(f"{bench}{' (oracle)' if oracle else ''}") as progress:
+    with progress_bar(f"{bench}{' (oracle)' if oracle else ''}") as progress:
         summary = run_eval(bench, cfg, out_dir, oracle=oracle, workspace=ws, plugins_from=(plugin_ws, how),
                            progress=progress)
     _show(summary, out_dir, as_json)
-
-
-class _bar:
-    """A progress bar on standard error; `progress(0, total=N)` shows it once the items are known
-    (a bad input fails before, as one line), `progress(k)` advances it."""
-
-    def __init__(self, title: str):
-        self.title, self.task = title, None
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=err(), transient=False)
-
-    def __enter__(self):
-        def progress(k, total=None):
-            if self.task is None:
-                self.bar.start()
-                self.task = self.bar.add_task(self.title, total=total)
-            elif total is not None:
-                self.bar.update(self.task, total=total)
-            self.bar.advance(self.task, k)
-        return progress
-
-    def __exit__(self, *exc):
-        if self.task is not None:
-            self.bar.stop()
 
 
 def _show(summary: dict, out_dir: Path, as_json: bool, extra: dict | None = None) -> None:

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import click
 
-from primefs.cli.options import workspace, ws_option
+from primefs.cli.options import progress_bar, workspace, ws_option
 from primefs.errors import PrimefsError
 from primefs.index.archived import sync_archives
 from primefs.index.db import Index
@@ -165,7 +165,8 @@ def reindex_cmd(ctx, summaries, as_json):
     with Index(ws.root) as index:
         index.rebuild()
         rows = index.sync()
-        sync_events(index)
+        with progress_bar("histories") as progress:
+            sync_events(index, progress=progress)
         archived = sync_archives(index)
         total = index.run(lambda db: db.execute("SELECT count(*) FROM events").fetchone()[0])
     out = {"sessions": len(rows), "archived_sessions": archived, "events": total, "seconds": round(time.monotonic() - started, 2)}

@@ -7,7 +7,7 @@ import click
 
 from primefs.errors import PrimefsError
 from primefs.store.workspace import find_workspace
-from primefs.views.console import out
+from primefs.views.console import err, out
 
 RAY_FROM_CONFIG = "<hosts>"  # `--ray` without an address
 
@@ -75,3 +75,30 @@ def ray_address(ws, value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise PrimefsError("--ray needs the address of a Ray cluster (HOST:PORT, auto or local)")
     return value
+
+
+class progress_bar:
+    """A progress bar on standard error for long work: `progress(0, total=N)` shows it once the items are
+    known (a bad input fails before, as one line), `progress(k)` advances it."""
+
+    def __init__(self, title: str):
+        self.title, self.task, self.bar = title, None, None
+
+    def __enter__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=err(), transient=False)
+
+        def progress(k, total=None):
+            if self.task is None:
+                self.bar.start()
+                self.task = self.bar.add_task(self.title, total=total)
+            elif total is not None:
+                self.bar.update(self.task, total=total)
+            self.bar.advance(self.task, k)
+        return progress
+
+    def __exit__(self, *exc):
+        if self.task is not None:
+            self.bar.stop()

@@ -33,6 +33,11 @@ CREATE INDEX events_session ON events(session, pos);
 CREATE INDEX events_ts ON events(ts);
 CREATE INDEX events_type ON events(type, model, session);  -- covers -t/-m filters and --counts
 CREATE VIRTUAL TABLE events_text USING fts5(text, content='');
+-- Bigger segments, merged less often (reindex of 4.8 M events: 104 s -> 84 s, a search still in milliseconds):
+-- a transaction's terms are kept in memory up to 64 MB before a segment is written, and 16 segments of a level
+-- are merged, not 4.
+INSERT INTO events_text (events_text, rank) VALUES ('hashsize', 67108864);
+INSERT INTO events_text (events_text, rank) VALUES ('automerge', 16);
 CREATE TABLE archives (
   place TEXT PRIMARY KEY,                 -- archive/<root>.zip
   stat TEXT,                              -- the stat of the file when its manifest was read

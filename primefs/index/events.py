@@ -9,8 +9,10 @@ before that offset has its events indexed again. Text is indexed per field, each
 from __future__ import annotations
 
 import json
+import os
 
 from primefs.index.db import Index
+from primefs.store import fastjson
 from primefs.store.fsutil import open_regular
 from primefs.store.history import NewEvents, check_at, still_there
 
@@ -24,6 +26,34 @@ def event_text(e: dict) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def read_events(key: int, model: str | None, f, size: int, indexed: int, check: str) -> tuple:
+    """What EventIndexer stores of one open history `f`: its lines from `indexed` (its row's offset, with
+    `check` its row's indexed_check) to `size`, as (key, (indexed, check) as read, (indexed, check) new, reset,
+    events, texts)."""
+    was = (indexed, check)
+    reset = not still_there(f, indexed, check, size)
+    if reset:
+        indexed = 0
+    events, texts = [], []
+    read = NewEvents(f, indexed, size)
+    for start, end, e in read:
+        n, ts = e.get("n"), e.get("ts")
+        events.append((key, n if isinstance(n, int) else None, ts if isinstance(ts, (int, float)) else None,
+                       str(e.get("type")), str(e.get("model") or model or ""), start, end - start))
+        texts.append(event_text(e))
+    return key, was, (read.offset, check_at(f, read.offset)), reset, events, texts
+
+
+def read_history(task: tuple) -> tuple | None:
+    """read_events of a history file, task (key, path, model, indexed, check); None if it cannot be opened."""
+    key, path, model, indexed, check = task
+    try:
+        with open_regular(path) as f:
+            return read_events(key, model, f, f.seek(0, 2), indexed, check)
+    except OSError:
+        return None
+
+
 class EventIndexer:
     """Adds the new lines of histories to the events table, in batches. A session's events are stored
     only if its row still says what was read before (offset and check): another writer that indexed
@@ -31,26 +61,17 @@ class EventIndexer:
 
     def __init__(self, index: Index):
         self.index = index
-        self.queued: list[tuple] = []  # (key, (indexed, check) as read, (indexed, check) new, reset, events, texts)
+        self.queued: list[tuple] = []  # read_events of each session
         self.count = 0
         self.added = 0
 
     def session(self, key: int, model: str | None, f, size: int, indexed: int, check: str) -> None:
-        """Queue the events of one open history `f` from `indexed` (its row's offset, with `check` its
-        row's indexed_check) to `size`."""
-        was = (indexed, check)
-        reset = not still_there(f, indexed, check, size)
-        if reset:
-            indexed = 0
-        events, texts = [], []
-        read = NewEvents(f, indexed, size)
-        for start, end, e in read:
-            n, ts = e.get("n"), e.get("ts")
-            events.append((key, n if isinstance(n, int) else None, ts if isinstance(ts, (int, float)) else None,
-                           str(e.get("type")), str(e.get("model") or model or ""), start, end - start))
-            texts.append(event_text(e))
-        self.queued.append((key, was, (read.offset, check_at(f, read.offset)), reset, events, texts))
-        self.count += len(events)
+        """Queue the events of one open history (read_events)."""
+        self.add(read_events(key, model, f, size, indexed, check))
+
+    def add(self, read: tuple) -> None:
+        self.queued.append(read)
+        self.count += len(read[4])
         if self.count >= BATCH:
             self.flush()
 
@@ -88,38 +109,106 @@ class EventIndexer:
         self.added += added
 
 
-def sync_events(index: Index, ids: list[str] | None = None) -> int:
+def sync_events(index: Index, ids: list[str] | None = None, progress=None) -> int:
     """Index the events appended to these sessions' histories (default: every session in sessions/)
-    since they were last indexed. Rows are brought up to date first. Returns events added."""
+    since they were last indexed. Rows are brought up to date first. Returns events added. `progress`:
+    index_histories's."""
     if ids is None:
         index.sync(columns=("id",))  # every row in sessions/ current: the folders they name are there
-        return index_histories(index, lambda sid: index.sessions_dir / sid, None)
+        return index_histories(index, lambda sid: index.sessions_dir / sid, None, progress)
     rows = index.sync(ids, light=True)
-    return index_histories(index, lambda sid: index.sessions_dir / sid if sid in rows else None, list(rows))
+    return index_histories(index, lambda sid: index.sessions_dir / sid if sid in rows else None, list(rows), progress)
 
 
-def index_histories(index: Index, folder_of, ids: list[str] | None) -> int:
+def index_histories(index: Index, folder_of, ids: list[str] | None, progress=None) -> int:
     """Index what was appended to the histories of these sessions (`folder_of(id)`: its folder, wherever it
     is now, or None) since their rows were last indexed; `ids`: the sessions to look at (None: every row in
-    sessions/)."""
+    sessions/). `progress(k, total=N)`: told of the histories to read, then of each read."""
     todo = index.run(lambda db: db.execute(  # those whose history's size (keys[0][2]) is not what was indexed
         "SELECT key, id, model, indexed, indexed_check, keys FROM sessions WHERE place = '' "
         "AND indexed IS NOT json_extract(keys, '$[0][2]')" +
         ("" if ids is None else " AND id IN (SELECT value FROM json_each(?))"),
         () if ids is None else (json.dumps(ids),)).fetchall())
-    indexer = EventIndexer(index)
+    tasks = []
     for key, sid, model, indexed, check, keys in todo:
         history = json.loads(keys)[0]  # the history as the row's summary counted it (just brought up to date)
         folder = folder_of(sid)
         if folder is None or history is None or history[2] == indexed:
             continue  # all indexed (a file rewritten to the same size also changes the summary: reset below)
-        try:
-            with open_regular(folder / "history.jsonl") as f:
-                indexer.session(key, model, f, f.seek(0, 2), indexed, check)
-        except OSError:
-            continue
+        tasks.append((key, str(folder / "history.jsonl"), model, indexed, check))
+    progress = progress or (lambda k, total=None: None)
+    progress(0, total=len(tasks))
+    indexer = EventIndexer(index)
+    done = read_apart(tasks, indexer, progress) if len(tasks) >= APART_AT else 0
+    for task in tasks[done:]:
+        read = read_history(task)
+        if read is not None:
+            indexer.add(read)
+        progress(1)
     indexer.flush()
     return indexer.added
+
+
+APART_AT = 500  # histories: more are read in a process of their own, while this one writes (reindex)
+APART_BATCH = BATCH  # events sent at a time, each batch one transaction here
+
+
+def read_apart(tasks: list[tuple], indexer: EventIndexer, progress) -> int:
+    """Read these histories (read_history) in a process of their own (`python -m primefs.index.events`: one
+    JSON line of tasks in, a JSON line per batch out) and store them here as they come: parsing is about half
+    of indexing, SQLite's writes the other half, and each takes a core. Returns how many tasks (from the first)
+    were stored; if that process cannot start or dies, the rest are left to the caller."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ)  # (this primefs, wherever it was imported from: the folder that holds primefs/)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH"))))
+    try:
+        reader = subprocess.Popen([sys.executable, "-P", "-m", "primefs.index.events"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    except OSError:
+        return 0
+    done = 0
+    try:
+        reader.stdin.write(fastjson.dumps({"batch": APART_BATCH, "tasks": tasks}).encode() + b"\n")
+        reader.stdin.close()
+        for line in reader.stdout:
+            if not line.endswith(b"\n"):
+                break  # cut off: it died
+            batch = fastjson.loads(line)
+            for read in batch:
+                if read is not None:
+                    indexer.add(read)
+            indexer.flush()  # (each batch its own transaction: the reader goes on meanwhile)
+            done += len(batch)
+            progress(len(batch))
+    except (OSError, ValueError):  # it died, or wrote what is not ours: what it did not send is read here
+        pass
+    finally:
+        reader.kill()
+        reader.stdout.close()
+        reader.wait()
+    return done
+
+
+def _reader() -> None:
+    """The reading process of read_apart."""
+    import sys
+
+    out = sys.stdout.buffer
+    asked = fastjson.loads(sys.stdin.buffer.readline())
+    batch, count = [], 0
+    for task in asked["tasks"]:
+        read = read_history(tuple(task))
+        batch.append(read)
+        count += len(read[4]) if read is not None else 0
+        if count >= asked["batch"]:
+            out.write(fastjson.dumps(batch).encode() + b"\n")
+            out.flush()
+            batch, count = [], 0
+    out.write(fastjson.dumps(batch).encode() + b"\n")
+    out.flush()
 
 
 # filter -> (its condition, its arguments from the value); a filter given as None (or empty, but for
@@ -181,3 +270,7 @@ def search(index: Index, limit: int | None, counts: bool = False, **filters) -> 
     rows, counts = index.run(run)
     hits = [{"rowid": r[0], "session": r[1], "name": r[2], "place": r[3], "pos": r[4], "len": r[5]} for r in rows]
     return list(reversed(hits)), counts
+
+
+if __name__ == "__main__":
+    _reader()
