@@ -8,6 +8,7 @@ import os
 import signal
 import sqlite3
 import threading
+import time
 
 from conftest import answered_under_a_runner, cli, run_once, session_named, wait_for
 
@@ -142,6 +143,35 @@ def test_which_sessions_hold_a_harness_folder_is_kept_by_the_journal_and_dropped
         assert holders() is None  # untrusted: every session is looked at
         watch.held.set()
         wait_for(lambda: holders() == [], 10, "trusted again, the harness set made again")
+    finally:
+        watch.stop()
+        lock.release()
+
+
+def test_an_index_built_anew_under_a_watching_runner_is_trusted_again_without_a_restart(ws, scripted, monkeypatch):
+    """`primefs reindex` builds the index anew, without the trust the runner's watch gave it: the watch sees that
+    (RECHECK_S) and looks at every session again, so commands go back to reading the journal."""
+    from primefs.runner import journalwatch
+
+    monkeypatch.setattr(journalwatch, "RECHECK_S", 0.2)
+    ws = scripted(SCRIPT)
+    write_goal(ws, "first", name="a")
+    run_once(ws)
+    lock = RunnerLock(ws)
+    said: list[str] = []
+    watch = JournalWatch(ws, said.append)
+    looks = []
+    look = watch._complete
+    watch._complete = lambda: (looks.append(1), look())
+    try:
+        watch.start()
+        wait_for(lambda: trusted(ws), 10, "trusted after the complete look")
+        time.sleep(3 * journalwatch.RECHECK_S)
+        assert len(looks) == 1  # checked, and still given: no look again
+        r = cli(ws, "reindex")
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: len(looks) == 2 and trusted(ws), 10, "trusted again after another complete look")
+        assert said == []
     finally:
         watch.stop()
         lock.release()

@@ -25,6 +25,7 @@ from primefs.store.control import runner_token
 FILES = ("session.yaml", "history.jsonl", "result.md", "harness")  # what an index row and its harness set come from
 FOLDER_MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CREATE  # (IN_CREATE: a harness/ made)
 SESSIONS_MASK = IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE
+RECHECK_S = 5.0  # how often the index is asked whether it still holds the trust given: `reindex` starts it over
 
 
 class JournalWatch:
@@ -33,6 +34,7 @@ class JournalWatch:
         self.sessions = str(ws.sessions)
         self.inotify: Inotify | None = None
         self.again = threading.Event()  # a complete look is due (at start, after an overflow)
+        self.given: str | None = None  # the token this watch makes the index trust, while it may
         self.closed = False
         self.thread: threading.Thread | None = None
 
@@ -48,11 +50,13 @@ class JournalWatch:
 
     def _loop(self) -> None:
         while not self.closed:
-            self.again.wait()
+            due = self.again.wait(RECHECK_S)
             if self.closed:
                 return
-            self.again.clear()
             try:
+                if not due and not self._forgotten():
+                    continue
+                self.again.clear()
                 self._complete()
             except Exception as exc:  # noqa: BLE001 - the journal stays untrusted; commands still answer right
                 self.log(f"warning: the index's look at every session failed: {type(exc).__name__}: {exc}")
@@ -68,11 +72,21 @@ class JournalWatch:
                              "commands look at every session")
                     return
         token = runner_token(self.ws)
+        self.given = None
         with Index(self.ws.root) as index:
             index.untrust()
             index.sync(columns=("id",))  # untrusted: every folder looked at (a change meanwhile is marked)
             if token is not None and not self.again.is_set():  # no event was lost meanwhile
                 index.set_state(WATCHED, token)
+                self.given = token  # (if the index was locked all along, it is given again at the next check)
+
+    def _forgotten(self) -> bool:
+        """The index no longer holds the trust this watch gave it: built again (`primefs reindex`, or damaged)
+        while the watch went on. Without another complete look, commands would look at every session."""
+        if self.given is None:
+            return False
+        with Index(self.ws.root) as index:
+            return index.get_state(WATCHED) != self.given
 
     def _on_path(self, path: Path) -> None:
         parent = str(path.parent)
@@ -85,6 +99,7 @@ class JournalWatch:
 
     def _on_overflow(self) -> None:
         """Events were lost: a hand edit may not be marked. Untrusted until another complete look."""
+        self.given = None
         with Index(self.ws.root) as index:  # untrusted first: a complete look begun after this trusts again
             index.untrust()
         self.again.set()
