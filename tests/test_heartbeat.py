@@ -27,6 +27,34 @@ def test_schedules():
             hb.parse_schedule(bad)
 
 
+def test_heartbeat_files_are_parsed_again_only_when_they_change(tmp_path, monkeypatch):
+    """The runner asks up to four times a second: a file is parsed once per change, and every change is seen
+    (a save, an edit in place, broken and mended); a broken file's problem is said at every ask."""
+    session = tmp_path / "s1"
+    session.mkdir()
+    made = hb.add(session, "every 10m", "beat")
+    parses = []
+    real = hb.load_yaml
+    monkeypatch.setattr(hb, "load_yaml", lambda *a, **k: (parses.append(1), real(*a, **k))[1])
+    for _ in range(3):
+        assert [x["prompt"] for x in hb.load_all(session)] == ["beat"]
+    assert len(parses) == 1
+    hb.load_all(session)[0]["prompt"] = "changed by a caller"  # a copy: what is kept stays as parsed
+    assert hb.load_all(session)[0]["prompt"] == "beat"
+    hb.save(session, {**made, "paused": True})  # a new file in its place
+    assert hb.load_all(session)[0]["paused"] is True and len(parses) == 2
+    path = hb.folder(session) / f"{made['id']}.yaml"
+    path.write_text(path.read_text().replace("prompt: beat", "prompt: beat, edited in place"))
+    assert hb.load_all(session)[0]["prompt"] == "beat, edited in place"
+    good = path.read_text()
+    path.write_text("schedule: [unclosed\n")
+    for _ in range(2):
+        problems: list[str] = []
+        assert hb.load_all(session, problems) == [] and problems and made["id"] in problems[0]
+    path.write_text(good)
+    assert hb.load_all(session)[0]["prompt"] == "beat, edited in place" and len(parses) == 5
+
+
 def test_goal_heartbeat_ticks_start_turns(ws):
     (ws.root / "s.yaml").write_text("default:\n" + "".join(f"  - text: tick {i}\n" for i in range(50)))
     ws = configure(ws, model="scripted/s.yaml")

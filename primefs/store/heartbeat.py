@@ -147,11 +147,38 @@ def load_all(session_dir: Path, problems: list[str] | None = None) -> list[dict]
     for p in sorted(folder(session_dir).glob("hb-*.yaml")):
         label = f"sessions/{Path(session_dir).name}/heartbeats/{p.name}"
         try:
-            out.append(check(load_yaml(p, safe=True, label=label), label))
+            out.append(_load(p, label))
         except PrimefsError as exc:
             if problems is not None:
                 problems.append(str(exc))
     return out
+
+
+# path -> (the file's stat, its values or its problem). A runner asks for the heartbeats of each session that has
+# them up to four times a second: parsed each time (0.5 ms a file here, against 0.02 ms from here), 500 sessions
+# with a heartbeat would take a core. A file is parsed again when it changes (a save is a new file).
+_parsed: dict[str, tuple] = {}
+MAX_PARSED = 10_000
+
+
+def _load(p: Path, label: str) -> dict:
+    try:
+        st = p.stat()
+    except OSError:
+        raise PrimefsError(f"{label}: cannot be read") from None
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    hit = _parsed.get(str(p))
+    if hit is None or hit[0] != key:
+        try:
+            hit = (key, check(load_yaml(p, safe=True, label=label), label))
+        except PrimefsError as exc:
+            hit = (key, exc)
+        if len(_parsed) >= MAX_PARSED:
+            _parsed.clear()
+        _parsed[str(p)] = hit
+    if isinstance(hit[1], PrimefsError):
+        raise PrimefsError(str(hit[1]))
+    return dict(hit[1])  # (the caller's to change: claim_due, pause)
 
 
 def check(hb, where: str) -> dict:
