@@ -17,6 +17,7 @@ from pathlib import Path
 from primefs.errors import PrimefsError
 from primefs.store.frontmatter import dump_yaml, load_yaml
 from primefs.store.fsutil import ring, write_atomic
+from primefs.store.summary import stat_key
 
 UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
          "h": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
@@ -162,11 +163,9 @@ MAX_PARSED = 10_000
 
 
 def _load(p: Path, label: str) -> dict:
-    try:
-        st = p.stat()
-    except OSError:  # (a dangling link): said as the reader says it
+    key = stat_key(p)
+    if key is None:  # (a dangling link): said as the reader says it
         return check(load_yaml(p, safe=True, label=label), label)
-    key = (st.st_ino, st.st_mtime_ns, st.st_size)
     hit = _parsed.get(str(p))
     if hit is None or hit[0] != key:
         try:
