@@ -69,7 +69,10 @@ class EventIndexer:
         """Queue the events of one open history (read_events)."""
         self.add(read_events(key, model, f, size, indexed, check))
 
-    def add(self, read: tuple) -> None:
+    def add(self, read: tuple | None) -> None:
+        """Queue read_events of a session (None: read_history could not open it, nothing to queue)."""
+        if read is None:
+            return
         self.queued.append(read)
         self.count += len(read[4])
         if self.count >= BATCH:
@@ -141,9 +144,7 @@ def index_histories(index: Index, folder_of, ids: list[str] | None, progress=Non
     indexer = EventIndexer(index)
     done = read_apart(tasks, indexer, progress) if len(tasks) >= APART_AT else 0
     for task in tasks[done:]:
-        read = read_history(task)
-        if read is not None:
-            indexer.add(read)
+        indexer.add(read_history(task))
         progress(1)
     indexer.flush()
     return indexer.added
@@ -178,8 +179,7 @@ def read_apart(tasks: list[tuple], indexer: EventIndexer, progress) -> int:
                 break  # cut off: it died
             batch = fastjson.loads(line)
             for read in batch:
-                if read is not None:
-                    indexer.add(read)
+                indexer.add(read)
             indexer.flush()  # (each batch its own transaction: the reader goes on meanwhile)
             done += len(batch)
             progress(len(batch))
