@@ -100,6 +100,10 @@ def test_status_json_says_what_every_record_says(ws):
     db = sqlite3.connect(ws.root / ".primefs" / "index.sqlite")
     db.execute("UPDATE sessions SET usage = json_remove(usage, '$.cache_read_tokens', '$.cache_write_tokens') "
                "WHERE id = ?", (lone,))
+    # and one stored with json.dumps's spaces (as an earlier primefs wrote it): printed compact all the same
+    db.execute("UPDATE sessions SET usage = ? WHERE id = ?",
+               (json.dumps(json.loads(db.execute("SELECT usage FROM sessions WHERE id = ?", (kids[1],)).fetchone()[0])),
+                kids[1]))
     db.commit()
     db.close()
     shown, records = both()

@@ -39,18 +39,14 @@ def session_record(index: UsageIndex, sid: str) -> dict:
 
 
 # status --json: each session's object but its usage is made by SQLite, as text (a dict per session and its
-# encoding cost a second at 50,000 sessions); its usage too, unless stored before cached tokens were counted; and
-# the tree usage of sessions with children as the index keeps it (database.TREES), where current
+# encoding cost a second at 50,000 sessions); its usage is printed as stored where it is compact and current
+# (printable()), and the tree usage of sessions with children as the index keeps it (Index.kept_trees)
 JSON_MADE = {
     "object": "json_object(" + ", ".join(f"'{k}', " + ("coalesce(depth, 0)" if k == "depth" else k)
                                          for k in RECORD_KEYS) + ")",
-    # compact as stored (json() for a row stored with spaces, by an earlier primefs); NULL for one stored before
-    # cached tokens were counted: dumped as Index.rows gives it
-    "usage_json": f"CASE WHEN instr(usage, '\"{CACHE_FIELDS[0]}\"') = 0 THEN NULL "
-                  "WHEN instr(usage, '\": ') THEN json(usage) ELSE usage END",
-    "tree_json": "coalesce((SELECT '' FROM trees_changed c WHERE c.id = sessions.id), "
-                 "(SELECT usage FROM trees WHERE trees.id = sessions.id))",  # '': changed since it was kept
+    "usage_text": "usage",  # (as a made key: not parsed)
 }
+CACHE_MARK = f'"{CACHE_FIELDS[0]}"'
 CUT = ',"interrupted":true'
 
 
@@ -62,6 +58,12 @@ def in_order(ws, index: UsageIndex, session: str | None) -> tuple[list[str], str
     root = find_session(ws.sessions, session).id
     wanted = set(subtree(index.children, root))
     return [sid for sid in shown if sid in wanted], root
+
+
+def printable(usage: str | None) -> str | None:
+    """A row's usage as stored, if it can be printed so: compact and with cached tokens counted (not so when
+    stored by an earlier primefs: then None, and it is parsed and dumped as Index.rows gives it)."""
+    return usage if usage and CACHE_MARK in usage and '": ' not in usage else None
 
 
 def json_status(ws, session: str | None) -> tuple[str, dict]:
@@ -78,10 +80,12 @@ def json_status(ws, session: str | None) -> tuple[str, dict]:
             return index.own
 
         shown, _ = in_order(ws, index, session)
-        trees, made, dropped = tree_texts(index, shown, {sid: row["tree_json"] for sid, row in rows.items()}, own)
-        if not session and (made or dropped or any(row["tree_json"] == "" for row in rows.values())):
+        kept = db.kept_trees()
+        trees, made, dropped = tree_texts(index, shown, kept, own)
+        if not session and (made or dropped or "" in kept.values()):
             db.keep_trees(made, dropped, version)  # (of every tree only: what changed elsewhere stays marked)
-        unprinted = [sid for sid in shown if sid in index.broken or not rows[sid]["usage_json"]]
+        printed = {sid: printable(rows[sid]["usage_text"]) for sid in shown}
+        unprinted = [sid for sid in shown if sid in index.broken or not printed[sid]]
         if unprinted:
             own(unprinted)
     interrupted = not lock_held(ws)  # cut off mid-turn by a runner that stopped: not at work now
@@ -91,7 +95,7 @@ def json_status(ws, session: str | None) -> tuple[str, dict]:
         if sid in index.broken:
             lines.append(fastjson.dumps(session_record(index, sid)))
             continue
-        mine = row["usage_json"] or fastjson.dumps(index.own[sid])
+        mine = printed[sid] or fastjson.dumps(index.own[sid])
         cut = CUT if interrupted and row["status"] == "running" else ""
         lines.append(f'{row["object"][:-1]},"usage":{mine},"tree_usage":{trees.get(sid, mine)}{cut}}}')
     return ("[\n" + ",\n".join(lines) + "\n]") if lines else "[]", rows
@@ -195,7 +199,7 @@ def status(ctx, session, show_all, as_json):
     ws = workspace(ctx)
     if as_json:
         text, rows = json_status(ws, session)
-        click.echo(text)
+        click.echo(text, color=True)  # (JSON holds no escape sequences: no look for them, ~30 ms at 50,000 sessions)
         for p in [] if session else goal_problems(ws, rows):
             if p.startswith("error:"):
                 err().print(p, markup=False, soft_wrap=True)

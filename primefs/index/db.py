@@ -316,6 +316,15 @@ class Index(Database):
         """Changes whenever another connection commits (SQLite's `PRAGMA data_version`)."""
         return self.run(lambda db: db.execute("PRAGMA data_version").fetchone()[0])
 
+    def kept_trees(self) -> dict[str, str]:
+        """The tree sums kept (database.TREES): id -> usage as JSON text, "" for a session changed since."""
+        def read(db) -> dict[str, str]:
+            kept = dict(db.execute("SELECT id, usage FROM trees").fetchall())
+            kept.update((sid, "") for (sid,) in db.execute("SELECT id FROM trees_changed"))
+            return kept
+
+        return self.run(read)
+
     def keep_trees(self, texts: dict[str, str], dropped: set[str], version: int) -> None:
         """Keep these tree sums (id -> usage as JSON text; database.TREES) and drop those of `dropped` (no longer
         with children), all made from rows read at `version` (data_version() before they were read), with every
