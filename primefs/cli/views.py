@@ -40,7 +40,7 @@ def session_record(index: UsageIndex, sid: str) -> dict:
 
 # status --json: each session's object but its usage is made by SQLite, as text (a dict per session and its
 # encoding cost a second at 50,000 sessions); its usage is printed as stored where it is compact and current
-# (printable()), and the tree usage of sessions with children as the index keeps it (Index.kept_trees)
+# (json_status), and the tree usage of sessions with children as the index keeps it (Index.kept_trees)
 JSON_MADE = {
     "object": "json_object(" + ", ".join(f"'{k}', " + ("coalesce(depth, 0)" if k == "depth" else k)
                                          for k in RECORD_KEYS) + ")",
@@ -58,12 +58,6 @@ def in_order(ws, index: UsageIndex, session: str | None) -> tuple[list[str], str
     root = find_session(ws.sessions, session).id
     wanted = set(subtree(index.children, root))
     return [sid for sid in shown if sid in wanted], root
-
-
-def printable(usage: str | None) -> str | None:
-    """A row's usage as stored, if it can be printed so: compact and with cached tokens counted (not so when
-    stored by an earlier primefs: then None, and it is parsed and dumped as Index.rows gives it)."""
-    return usage if usage and CACHE_MARK in usage and '": ' not in usage else None
 
 
 def json_status(ws, session: str | None) -> tuple[str, dict]:
@@ -84,18 +78,23 @@ def json_status(ws, session: str | None) -> tuple[str, dict]:
         trees, made, dropped = tree_texts(index, shown, kept, own)
         if not session and (made or dropped or "" in kept.values()):
             db.keep_trees(made, dropped, version)  # (of every tree only: what changed elsewhere stays marked)
-        printed = {sid: printable(rows[sid]["usage_text"]) for sid in shown}
-        unprinted = [sid for sid in shown if sid in index.broken or not printed[sid]]
+        # a usage is printed as stored if compact and with cached tokens counted; not so if stored by an earlier
+        # primefs: then parsed, and dumped as Index.rows gives it
+        unprinted = {sid for sid in shown if sid in index.broken or not (u := rows[sid]["usage_text"])
+                     or CACHE_MARK not in u or '": ' in u}
         if unprinted:
-            own(unprinted)
+            own(sorted(unprinted))
     interrupted = not lock_held(ws)  # cut off mid-turn by a runner that stopped: not at work now
     lines = []
     for sid in shown:
         row = rows[sid]
-        if sid in index.broken:
+        if sid not in unprinted:
+            mine = row["usage_text"]
+        elif sid in index.broken:
             lines.append(fastjson.dumps(session_record(index, sid)))
             continue
-        mine = printed[sid] or fastjson.dumps(index.own[sid])
+        else:
+            mine = fastjson.dumps(index.own[sid])
         cut = CUT if interrupted and row["status"] == "running" else ""
         lines.append(f'{row["object"][:-1]},"usage":{mine},"tree_usage":{trees.get(sid, mine)}{cut}}}')
     return ("[\n" + ",\n".join(lines) + "\n]") if lines else "[]", rows
