@@ -34,6 +34,19 @@ def emit(as_json: bool, data, text: str) -> None:
         click.echo(text)
 
 
+def write_json_array(lines: list[str], chunk: int = 2000) -> None:
+    """A JSON array of these items (each JSON text) to stdout, an item a line, a chunk at a time: one 36 MB string
+    made and printed whole (status --json at 50,000 sessions) took ~0.1 s more. (color: JSON has no escape
+    sequences to strip, and looking for them in every chunk costs.)"""
+    if not lines:
+        click.echo("[]")
+        return
+    click.echo("[", color=True)
+    for i in range(0, len(lines), chunk):
+        click.echo((",\n" if i else "") + ",\n".join(lines[i:i + chunk]), nl=False, color=True)
+    click.echo("\n]", color=True)
+
+
 def print_table(renderable, width: int | None = None) -> None:
     """Print a table (or text) to stdout: fitted to a terminal; piped, `width` columns (default: the
     console's) with no padding left at the ends of lines."""

@@ -6,7 +6,7 @@ from collections import Counter
 
 import click
 
-from primefs.cli.options import print_table, workspace, ws_option
+from primefs.cli.options import print_table, workspace, write_json_array, ws_option
 from primefs.errors import PrimefsError
 from primefs.index.accounting import UsageIndex, tops, tree_order, tree_texts
 from primefs.index.db import Index, find_session
@@ -60,8 +60,9 @@ def in_order(ws, index: UsageIndex, session: str | None) -> tuple[list[str], str
     return [sid for sid in shown if sid in wanted], root
 
 
-def json_status(ws, session: str | None) -> tuple[str, dict]:
-    """`status --json` (of SESSION's tree, if given) as text, and the light rows of every session (for
+def json_status(ws, session: str | None) -> tuple[list[str], dict]:
+    """`status --json` (of SESSION's tree, if given): each session's record as a line of JSON, and the light
+    rows of every session (for
     goal_problems). Usage is parsed only where a tree sum is made: of a session with children that changed
     below since the index kept its sum; a leaf's tree usage is its own."""
     with Index(ws.root) as db:
@@ -97,7 +98,7 @@ def json_status(ws, session: str | None) -> tuple[str, dict]:
             mine = fastjson.dumps(index.own[sid])
         cut = CUT if interrupted and row["status"] == "running" else ""
         lines.append(f'{row["object"][:-1]},"usage":{mine},"tree_usage":{trees.get(sid, mine)}{cut}}}')
-    return ("[\n" + ",\n".join(lines) + "\n]") if lines else "[]", rows
+    return lines, rows
 
 
 def folded(ws) -> tuple[UsageIndex, list, dict]:
@@ -197,8 +198,8 @@ def status(ctx, session, show_all, as_json):
     """
     ws = workspace(ctx)
     if as_json:
-        text, rows = json_status(ws, session)
-        click.echo(text, color=True)  # (JSON holds no escape sequences: no look for them, ~30 ms at 50,000 sessions)
+        lines, rows = json_status(ws, session)
+        write_json_array(lines)
         for p in [] if session else goal_problems(ws, rows):
             if p.startswith("error:"):
                 err().print(p, markup=False, soft_wrap=True)
