@@ -62,9 +62,8 @@ def in_order(ws, index: UsageIndex, session: str | None) -> tuple[list[str], str
 
 def json_status(ws, session: str | None) -> tuple[list[str], dict]:
     """`status --json` (of SESSION's tree, if given): each session's record as a line of JSON, and the light
-    rows of every session (for
-    goal_problems). Usage is parsed only where a tree sum is made: of a session with children that changed
-    below since the index kept its sum; a leaf's tree usage is its own."""
+    rows of every session (for goal_problems). Usage is parsed only where a tree sum is made: of a session with
+    children that changed below since the index kept its sum; a leaf's tree usage is its own."""
     with Index(ws.root) as db:
         version = db.data_version()  # (before the rows are read: a sum made from them is kept only if still true)
         rows = db.sync(columns=("id", "parent", "status", "goal", "broken"), made=JSON_MADE)
