@@ -111,6 +111,49 @@ def test_status_json_says_what_every_record_says(ws):
     assert [x["id"] for x in json.loads(cli(ws, "status", "--json", kids[0]).stdout)] == [kids[0], grandchild.id]
 
 
+def test_status_json_records_are_made_whatever_wrote_the_row(ws):
+    """Each row's record (database.RECORD) is made by triggers when the row is written: also by a writer that
+    knows nothing of it (an older primefs). An index from before it, or with triggers of another text, gets the
+    column and every record on open."""
+    import json
+    import sqlite3
+
+    from primefs.index.database import RECORDS
+    from primefs.index.db import Index
+
+    root = tree(ws, "root", ["idle", "done"])
+    path = ws.root / ".primefs" / "index.sqlite"
+
+    def check() -> list[dict]:
+        shown = json.loads(cli(ws, "status", "--json").stdout)
+        index = UsageIndex(ws.sessions, columns=STATUS_COLUMNS)
+        assert shown == [session_record(index, sid) for sid in tree_order(index)]
+        return shown
+
+    check()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("UPDATE sessions SET status = 'failed', error = 'by hand' WHERE id = ?", (root,))  # no record named
+    assert json.loads(db.execute("SELECT record FROM sessions WHERE id = ?", (root,)).fetchone()[0])["error"] == "by hand"
+    for name in RECORDS:  # an index from before records: no triggers, no column
+        db.execute(f"DROP TRIGGER {name}")
+    db.execute("ALTER TABLE sessions DROP COLUMN record")
+    db.execute("UPDATE sessions SET status = 'stopped'")
+    db.close()
+    (ws.sessions / root / "result.md").write_text("mended\n")  # a row written again on the next look
+    shown = check()
+    assert [x["status"] for x in shown] == ["idle", "stopped"]  # the root's row from its files, the child's as set
+    db = sqlite3.connect(path, isolation_level=None)  # triggers of another text (RECORD_KEYS changed): made again
+    db.execute("DROP TRIGGER records_update")
+    db.execute("CREATE TRIGGER records_update AFTER UPDATE ON sessions BEGIN UPDATE sessions SET record = '{}' "
+               "WHERE key = NEW.key; END")
+    db.execute("UPDATE sessions SET record = '{}'")
+    db.close()
+    check()
+    with Index(ws.root) as index:
+        assert index.run(lambda c: c.execute("SELECT sql FROM sqlite_master WHERE name = 'records_update'")
+                         .fetchone()[0]) == RECORDS["records_update"]
+
+
 def test_status_json_keeps_tree_sums_and_makes_again_what_changed_below(ws):
     """The index keeps the tree sums status --json made (database.TREES); a change anywhere below a session (a
     model call, a child moved by hand, broken, mended, removed) must make its sum again, and its ancestors'."""

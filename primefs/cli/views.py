@@ -8,7 +8,8 @@ import click
 
 from primefs.cli.options import print_table, workspace, write_json_array, ws_option
 from primefs.errors import PrimefsError
-from primefs.index.accounting import UsageIndex, tops, tree_order, tree_texts
+from primefs.index.accounting import Forest, UsageIndex, tops, tree_order, tree_texts
+from primefs.index.database import RECORD_KEYS
 from primefs.index.db import Index, find_session
 from primefs.store import fastjson
 from primefs.store.control import lock_held
@@ -20,17 +21,19 @@ from primefs.views.sessions import FINISHED_TREES, Row, arrange, table, unread_t
 
 
 STATUS_COLUMNS = ("id", *META, "turns", "result", "usage", "broken")  # what session_record reads of a row
-# a record's keys in order; node: the Ray node of its kernel (None: this machine); approval: what it waits for
-RECORD_KEYS = ("id", "name", "parent", "depth", "status", "stop_reason", "error", "model", "goal", "created", "updated",
-               "turns", "result", "node", "approval")
-LIGHT_COLUMNS = ("id", "parent", "status", "goal", "broken")  # what folding and goal_problems need
+LIGHT_COLUMNS = ("id", "parent", "broken", "status", "goal")  # what folding and goal_problems need (Forest: 3 first)
+
+
+def broken_record(sid: str, why: str, usage: dict) -> dict:
+    """A broken session's record: shown as broken, with why; its history still counts."""
+    return {"id": sid, "name": None, "parent": None, "depth": 0, "status": "broken", "stop_reason": None,
+            "error": why, "model": None, "goal": None, "created": None, "updated": None, "turns": None,
+            "result": None, "node": None, "approval": None, "usage": usage, "tree_usage": usage}
 
 
 def session_record(index: UsageIndex, sid: str) -> dict:
-    if sid in index.broken:  # shown as broken, with why; its history still counts
-        return {"id": sid, "name": None, "parent": None, "depth": 0, "status": "broken", "stop_reason": None,
-                "error": index.broken[sid], "model": None, "goal": None, "created": None, "updated": None,
-                "turns": None, "result": None, "node": None, "approval": None, "usage": index.own[sid], "tree_usage": index.tree(sid)}
+    if sid in index.broken:
+        return broken_record(sid, index.broken[sid], index.own[sid])
     row = index.sessions[sid].row  # (STATUS_COLUMNS: META, turns, result; turns and result: resumed, not new)
     record = {k: row[k] for k in RECORD_KEYS}
     record["depth"] = record["depth"] or 0
@@ -38,19 +41,15 @@ def session_record(index: UsageIndex, sid: str) -> dict:
     return record
 
 
-# status --json: each session's object but its usage is made by SQLite, as text (a dict per session and its
-# encoding cost a second at 50,000 sessions); its usage is printed as stored where it is compact and current
-# (json_status), and the tree usage of sessions with children as the index keeps it (Index.kept_trees)
-JSON_MADE = {
-    "object": "json_object(" + ", ".join(f"'{k}', " + ("coalesce(depth, 0)" if k == "depth" else k)
-                                         for k in RECORD_KEYS) + ")",
-    "usage_text": "usage",  # (as a made key: not parsed)
-}
+# status --json: each session's record but its usage is as the index keeps it (database.RECORD, text: a dict per
+# session and its encoding cost a second at 50,000 sessions); its usage is printed as stored where it is compact
+# and current (json_status), and the tree usage of sessions with children as the index keeps it (Index.kept_trees)
+JSON_COLUMNS = (*LIGHT_COLUMNS, "record", "usage")
 CACHE_MARK = f'"{CACHE_FIELDS[0]}"'
 CUT = ',"interrupted":true'
 
 
-def in_order(ws, index: UsageIndex, session: str | None) -> tuple[list[str], str | None]:
+def in_order(ws, index: Forest, session: str | None) -> tuple[list[str], str | None]:
     """Every session in tree order, or only SESSION's tree (and its root id)."""
     shown = tree_order(index)
     if not session:
@@ -60,84 +59,82 @@ def in_order(ws, index: UsageIndex, session: str | None) -> tuple[list[str], str
     return [sid for sid in shown if sid in wanted], root
 
 
-def json_status(ws, session: str | None) -> tuple[list[str], dict]:
-    """`status --json` (of SESSION's tree, if given): each session's record as a line of JSON, and the light
-    rows of every session (for goal_problems). Usage is parsed only where a tree sum is made: of a session with
-    children that changed below since the index kept its sum; a leaf's tree usage is its own."""
+def json_status(ws, session: str | None) -> tuple[list[str], list[tuple]]:
+    """`status --json` (of SESSION's tree, if given): each session's record as a line of JSON, and the rows of
+    every session (JSON_COLUMNS, LIGHT_COLUMNS first: for goal_problems). Usage is parsed only where a tree sum is made: of a session
+    with children that changed below since the index kept its sum; a leaf's tree usage is its own."""
     with Index(ws.root) as db:
         version = db.data_version()  # (before the rows are read: a sum made from them is kept only if still true)
-        rows = db.sync(columns=("id", "parent", "status", "goal", "broken"), made=JSON_MADE)
-        index = UsageIndex(rows=rows)
+        table = db.sync(columns=JSON_COLUMNS, raw=True)
+        forest, rows = Forest(table), {r[0]: r for r in table}
+        own: dict = {}
 
-        def own(ids: list[str]) -> dict:  # (their usage is parsed; of other sessions it is printed as stored)
-            index.own.update((sid, row["usage"]) for sid, row in db.rows(ids, columns=("id", "usage")).items())
-            return index.own
+        def load(ids: list[str]) -> dict:  # (their usage is parsed; of other sessions it is printed as stored)
+            own.update((sid, row["usage"]) for sid, row in db.rows(ids, columns=("id", "usage")).items())
+            return own
 
-        shown, _ = in_order(ws, index, session)
+        shown, _ = in_order(ws, forest, session)
         kept = db.kept_trees()
-        trees, made, dropped = tree_texts(index, shown, kept, own)
+        trees, made, dropped = tree_texts(forest, shown, kept, load)
         if not session and (made or dropped or "" in kept.values()):
             db.keep_trees(made, dropped, version)  # (of every tree only: what changed elsewhere stays marked)
         # a usage is printed as stored if compact and with cached tokens counted; not so if stored by an earlier
         # primefs: then parsed, and dumped as Index.rows gives it
-        unprinted = {sid for sid in shown if sid in index.broken or not (u := rows[sid]["usage_text"])
+        unprinted = {sid for sid in shown if sid in forest.broken or not (u := rows[sid][6])
                      or CACHE_MARK not in u or '": ' in u}
         if unprinted:
-            own(sorted(unprinted))
+            load(sorted(unprinted))
     interrupted = not lock_held(ws)  # cut off mid-turn by a runner that stopped: not at work now
     lines = []
     for sid in shown:
-        row = rows[sid]
-        if sid not in unprinted:
-            mine = row["usage_text"]
-        elif sid in index.broken:
-            lines.append(fastjson.dumps(session_record(index, sid)))
+        _, _, broken, status, _, record, mine = rows[sid]
+        if broken:
+            lines.append(fastjson.dumps(broken_record(sid, broken, own[sid])))
             continue
-        else:
-            mine = fastjson.dumps(index.own[sid])
-        cut = CUT if interrupted and row["status"] == "running" else ""
-        lines.append(f'{row["object"][:-1]},"usage":{mine},"tree_usage":{trees.get(sid, mine)}{cut}}}')
-    return lines, rows
+        if sid in unprinted:
+            mine = fastjson.dumps(own[sid])
+        cut = CUT if interrupted and status == "running" else ""
+        lines.append(f'{record[:-1]},"usage":{mine},"tree_usage":{trees.get(sid, mine)}{cut}}}')
+    return lines, table
 
 
-def folded(ws) -> tuple[UsageIndex, list, dict]:
+def folded(ws) -> tuple[UsageIndex, list, list[tuple]]:
     """`status` as it folds (no --all, SESSION or --json), at any number of sessions: the light rows of every
     session say which trees it shows; only their sessions are read whole. Returns the usage index of those,
     the display order (an id, or a Row standing for a tree folded into the "+N older trees" line unread),
-    and the light rows of every session (for goal_problems)."""
+    and the light rows of every session (LIGHT_COLUMNS, for goal_problems)."""
     with Index(ws.root) as db:
-        light = db.sync(columns=LIGHT_COLUMNS)
-        every = UsageIndex(rows=light)
+        light = db.sync(columns=LIGHT_COLUMNS, raw=True)
+        every, status = Forest(light), {r[0]: r[3] for r in light}
         trees = [(top, subtree(every.children, top)) for top in tops(every)]
-        counts = [(top, Counter("broken" if m in every.broken else light[m]["status"] for m in members))
+        counts = [(top, Counter("broken" if m in every.broken else status[m] for m in members))
                   for top, members in trees]
         unread = unread_trees(counts, FINISHED_TREES)
         read = [sid for top, members in trees if top not in unread for sid in members]
         index = UsageIndex(rows=db.rows(read, columns=STATUS_COLUMNS) if read else {})
     shown: list = []
     for (top, members), (_, c) in zip(trees, counts):
-        shown += [Row(id=top, name=top, parent=None, status=light[top]["status"], counts=c)] if top in unread \
-            else members
+        shown += [Row(id=top, name=top, parent=None, status=status[top], counts=c)] if top in unread else members
     return index, shown, light
 
 
-def goal_problems(ws, rows: dict) -> list[str]:
-    """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line). `rows`: the
-    index's rows of every session (id, goal, broken at least)."""
+def goal_problems(ws, light: list[tuple]) -> list[str]:
+    """Broken harness files, and goals not yet picked up: waiting, or broken (with file and line). `light`: the
+    index's rows of every session, LIGHT_COLUMNS first."""
     from primefs.harness.entries import Harness
     from primefs.plugins import end_conditions, plugin_manager
     from primefs.runner.intake import REJECTED
     from primefs.store.goals import goal_listing, parse_goal
     from primefs.store.session import broken_goal_line
 
-    taken = {r.get("goal") for r in rows.values() if not r["broken"]}
-    taken |= {broken_goal_line(ws.sessions / sid / "session.yaml") for sid, r in rows.items() if r["broken"]}
+    taken = {r[4] for r in light if not r[2]}
+    taken |= {broken_goal_line(ws.sessions / r[0] / "session.yaml") for r in light if r[2]}
     conditions = None
     with Index(ws.root) as db:  # with a runner up, which sessions have a harness folder is known: no stat of each
         holders = db.harness_sessions()
     problems = [f"error: harness file skipped: {e.problem}"
                 for e in Harness(ws).list(all_sessions=True, holders=holders) if e.problem]
-    problems += [f"error: session broken: {r['broken']}" for r in rows.values() if r["broken"]]
+    problems += [f"error: session broken: {r[2]}" for r in light if r[2]]
     files, strays = goal_listing(ws)
     problems += [f"error: {stray}" for stray in strays]
     running = lock_held(ws)
@@ -197,25 +194,25 @@ def status(ctx, session, show_all, as_json):
     """
     ws = workspace(ctx)
     if as_json:
-        lines, rows = json_status(ws, session)
+        lines, light = json_status(ws, session)
         write_json_array(lines)
-        for p in [] if session else goal_problems(ws, rows):
+        for p in [] if session else goal_problems(ws, light):
             if p.startswith("error:"):
                 err().print(p, markup=False, soft_wrap=True)
         return
     if show_all or session:
         index = UsageIndex(ws.sessions, columns=STATUS_COLUMNS)
         shown, root = in_order(ws, index, session)
-        rows = index.rows
+        light = [tuple(r.get(k) for k in LIGHT_COLUMNS) for r in index.rows.values()]
     else:
-        index, shown, rows = folded(ws)
+        index, shown, light = folded(ws)
         root = None
     records = [session_record(index, sid) for sid in shown if isinstance(sid, str)]
     if not lock_held(ws):  # cut off mid-turn by a runner that stopped: not at work now
         for r in records:
             if r["status"] == "running":
                 r["interrupted"] = True
-    problems = [] if session else goal_problems(ws, rows)
+    problems = [] if session else goal_problems(ws, light)
     console = out()
     if records:
         by_id = {r["id"]: status_row(r) for r in records}

@@ -49,7 +49,24 @@ def total(usages) -> dict:
     return out
 
 
-class UsageIndex:
+class Forest:
+    """Who is whose child, from rows whose first three items are a session's id, parent and `broken`: a broken
+    session (its parent unknown, or in a cycle of parents) is no one's child. `parent`: of each sound session;
+    `children`: parent -> ids, in the rows' order."""
+
+    def __init__(self, rows):
+        self.parent: dict[str, str | None] = {}
+        self.broken: dict[str, str] = {}  # id -> why its session.yaml cannot be used (shown, not fatal)
+        self.children: dict[str | None, list[str]] = defaultdict(list)
+        for r in rows:
+            if r[2]:
+                self.broken[r[0]] = r[2]
+            else:
+                self.parent[r[0]] = r[1]
+                self.children[r[1]].append(r[0])
+
+
+class UsageIndex(Forest):
     """Own and tree usage of every session of a workspace, or of one tree (`root`), from the index."""
 
     def __init__(self, sessions_dir: Path | None = None, root: str | None = None, columns: tuple | None = None,
@@ -60,18 +77,16 @@ class UsageIndex:
             with Index(Path(sessions_dir).parent) as index:
                 rows = index.tree(root) if root else index.sync(columns=columns)
         self.rows = rows
+        super().__init__(())
         self.sessions: dict[str, Entry] = {}
-        self.problems: list[str] = []
-        self.broken: dict[str, str] = {}  # id -> why its session.yaml cannot be used (shown, not fatal)
-        for sid, row in self.rows.items():
+        for sid, row in rows.items():  # (as Forest reads its rows: one loop, no tuple made per row)
             if row["broken"]:
-                self.problems.append(row["broken"])
                 self.broken[sid] = row["broken"]
             else:
+                self.parent[sid] = parent = row.get("parent")
+                self.children[parent].append(sid)
                 self.sessions[sid] = Entry(row)
-        self.children: dict[str | None, list[str]] = defaultdict(list)
-        for sid, s in self.sessions.items():
-            self.children[s.row.get("parent")].append(sid)
+        self.problems = list(self.broken.values())
         self.own = {sid: row.get("usage") for sid, row in self.rows.items()}  # a broken one's history still counts
         self._tree: dict[str, dict] = {}
 
@@ -97,7 +112,7 @@ class UsageIndex:
             self._tree[node] = total([self.own[node], *sums]) if sums else self.own[node]
 
 
-def tree_texts(index: UsageIndex, walk: list[str], kept: dict, load) -> tuple[dict[str, str], dict[str, str], set]:
+def tree_texts(index: Forest, walk: list[str], kept: dict, load) -> tuple[dict[str, str], dict[str, str], set]:
     """The tree usage, as JSON text, of each session of `walk` (tree_order, or one tree of it) that has
     children: the text kept in the index (`kept`: id -> text, None if none, "" if the session changed since;
     database.TREES) where it is current, else made from the children's, as sum_up makes it. What changed below a
@@ -105,12 +120,9 @@ def tree_texts(index: UsageIndex, walk: list[str], kept: dict, load) -> tuple[di
     the own usage of these sessions (id -> usage), asked once. Returns every text, those made now, and the
     sessions whose kept text is to be dropped (changed, now without children)."""
     walked = set(walk)
-    inner = {n for n, kids in index.children.items() if kids and n in index.sessions and n in walked}
+    inner = {n for n, kids in index.children.items() if kids and n in index.parent and n in walked}
     stale: set[str] = set()
-
-    def parent(sid: str) -> str | None:
-        entry = index.sessions.get(sid)
-        return entry.row.get("parent") if entry is not None else None
+    parent = index.parent.get
 
     changed = [n for n in walk if kept.get(n) == ""]
     for node in changed + [n for n in inner if kept.get(n) is None]:
@@ -141,14 +153,14 @@ def tree_texts(index: UsageIndex, walk: list[str], kept: dict, load) -> tuple[di
     return texts, fresh, dropped
 
 
-def tops(index) -> list[str]:
+def tops(index: Forest) -> list[str]:
     """The sessions shown at the top of a tree: broken ones and those whose parent is not known, then roots, in
     creation order each."""
-    orphans = [sid for sid, s in index.sessions.items()
-               if s.row.get("parent") and s.row["parent"] not in index.sessions]
-    return sorted(orphans + list(getattr(index, "broken", {}))) + sorted(index.children.get(None, []))
+    known = index.parent
+    orphans = [sid for sid, parent in known.items() if parent and parent not in known]
+    return sorted(orphans + list(index.broken)) + sorted(index.children.get(None, []))
 
 
-def tree_order(index) -> list[str]:
+def tree_order(index: Forest) -> list[str]:
     """Roots in creation order, each followed by its descendants (depth first)."""
     return [sid for top in tops(index) for sid in subtree(index.children, top)]

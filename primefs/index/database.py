@@ -63,6 +63,20 @@ CREATE TRIGGER IF NOT EXISTS trees_delete AFTER DELETE ON sessions BEGIN
   INSERT INTO trees_changed (id) SELECT value FROM (SELECT OLD.id AS value UNION SELECT OLD.parent)
     WHERE value IS NOT NULL AND value NOT IN (SELECT id FROM trees_changed); END;
 """
+# Also beside version 7's tables: each row's record as `status --json` prints it but its usage (`record`, made
+# by SQLite when the row is written: made at each read it cost a third of the command at 50,000 sessions).
+# Triggers make it, whatever version of primefs writes the row; triggers of another text (RECORD_KEYS changed)
+# are made again, with every record.
+RECORD_KEYS = ("id", "name", "parent", "depth", "status", "stop_reason", "error", "model", "goal", "created", "updated",
+               "turns", "result", "node", "approval")  # in order; node: the Ray node of its kernel (None: this machine)
+RECORD = "json_object(" + ", ".join(f"'{k}', " + ("coalesce(depth, 0)" if k == "depth" else k)
+                                    for k in RECORD_KEYS) + ")"
+RECORDS = {
+    "records_insert": f"CREATE TRIGGER records_insert AFTER INSERT ON sessions BEGIN "
+                      f"UPDATE sessions SET record = {RECORD} WHERE key = NEW.key; END",
+    "records_update": f"CREATE TRIGGER records_update AFTER UPDATE OF {', '.join(RECORD_KEYS)} ON sessions BEGIN "
+                      f"UPDATE sessions SET record = {RECORD} WHERE key = NEW.key; END",
+}
 COMPACT = "usage compact"  # the state key saying usage was made compact in every row stored before
 BUSY_S = 10.0
 
@@ -128,10 +142,12 @@ class Database:
         # Added beside version 7's tables, not as a new version (which would index every event again): older
         # primefs versions ignore it. key -> value: "watched", the runner whose change journal is trusted.
         db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
-        made = "SELECT count(*) FROM sqlite_master WHERE name IN ('trees', 'trees_changed', 'trees_insert', " \
-               "'trees_update', 'trees_delete')"
-        if db.execute(made).fetchone()[0] != 5:  # (made once: a script costs more than the look at each open)
+        made = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE name IN ('trees', 'trees_changed', "
+                               "'trees_insert', 'trees_update', 'trees_delete', 'records_insert', 'records_update')"))
+        if len(made.keys() - RECORDS.keys()) != 5:  # (made once: a script costs more than the look at each open)
             db.executescript(TREES)  # (a trigger's body holds ";": not split as SCHEMA is)
+        if any(made.get(name) != sql for name, sql in RECORDS.items()):
+            self._make_records(db)
         if state_of(db, COMPACT) is None:  # usage stored with json.dumps's spaces: compact, as status --json prints it
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -143,6 +159,23 @@ class Database:
                 raise
         db.execute("SELECT 1 FROM sessions, events, events_text, archives, state, trees, trees_changed LIMIT 0")  # damaged tables fail here
         db.execute("PRAGMA synchronous=NORMAL")
+
+    @staticmethod
+    def _make_records(db: sqlite3.Connection) -> None:
+        db.execute("BEGIN IMMEDIATE")  # (another process may be at it too: one makes them, the other sees them made)
+        try:
+            made = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'records_%'"))
+            if any(made.get(name) != sql for name, sql in RECORDS.items()):
+                if "record" not in {c[1] for c in db.execute("PRAGMA table_info(sessions)")}:
+                    db.execute("ALTER TABLE sessions ADD COLUMN record TEXT")
+                for name, sql in RECORDS.items():
+                    db.execute(f"DROP TRIGGER IF EXISTS {name}")
+                    db.execute(sql)
+                db.execute(f"UPDATE sessions SET record = {RECORD}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
