@@ -127,10 +127,14 @@ def ack(path: Path) -> Path:
 
 
 def unacked(mail_dir: Path) -> list[Path]:
+    """Claimed, not acknowledged, in name order. (cur/ keeps every message ever taken: its names are looked
+    at as plain strings, a path made only for the few claimed ones.)"""
+    cur = mail_dir / "cur"
     try:
-        return sorted(p for p in (mail_dir / "cur").iterdir() if p.name.endswith(CLAIMED))
+        names = os.listdir(cur)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    return [cur / name for name in sorted(n for n in names if n.endswith(CLAIMED))]
 
 
 MAX_BYTES = 10_000_000  # a message is text for a model or for code; bigger data goes in files
