@@ -133,7 +133,8 @@ def test_status_json_records_are_made_whatever_wrote_the_row(ws):
     check()
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("UPDATE sessions SET status = 'failed', error = 'by hand' WHERE id = ?", (root,))  # no record named
-    assert json.loads(db.execute("SELECT record FROM sessions WHERE id = ?", (root,)).fetchone()[0])["error"] == "by hand"
+    (record,) = db.execute("SELECT record FROM sessions WHERE id = ?", (root,)).fetchone()
+    assert json.loads(record)["error"] == "by hand"
     for name in RECORDS:  # an index from before records: no triggers, no column
         db.execute(f"DROP TRIGGER {name}")
     db.execute("ALTER TABLE sessions DROP COLUMN record")

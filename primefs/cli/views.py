@@ -61,8 +61,9 @@ def in_order(ws, index: Forest, session: str | None) -> tuple[list[str], str | N
 
 def json_status(ws, session: str | None) -> tuple[list[str], list[tuple]]:
     """`status --json` (of SESSION's tree, if given): each session's record as a line of JSON, and the rows of
-    every session (JSON_COLUMNS, LIGHT_COLUMNS first: for goal_problems). Usage is parsed only where a tree sum is made: of a session
-    with children that changed below since the index kept its sum; a leaf's tree usage is its own."""
+    every session (JSON_COLUMNS, LIGHT_COLUMNS first: for goal_problems). Usage is parsed only where a tree sum
+    is made: of a session with children that changed below since the index kept its sum; a leaf's tree usage is
+    its own."""
     with Index(ws.root) as db:
         version = db.data_version()  # (before the rows are read: a sum made from them is kept only if still true)
         table = db.sync(columns=JSON_COLUMNS, raw=True)
