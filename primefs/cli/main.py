@@ -221,6 +221,10 @@ def run(ctx, once, quiet, verbose, idle_exit, ray):
         line = Text.assemble((f"{datetime.now():%H:%M:%S} ", "dim"), msg)
         narrator.say(line) if narrator else err().print(line, soft_wrap=True)
 
+    if not once:  # a runner that may run for days: what malloc keeps of freed memory given back
+        from primefs.runner.memory import keep_flat
+
+        keep_flat()
     runner = Runner(ws, log=log, ray=ray_address(ws, ray))
     runner.turns.gate_runner = run_gate  # harness.gate: refinements agents ask for must pass their gate
     if narrator:
