@@ -130,6 +130,21 @@ def test_bad_inputs_are_one_clear_line(home):
     assert_clean_error(cli("usage", "nobody", cwd=home), "no session")
 
 
+def test_output_the_machine_refuses_is_one_clear_line(home):
+    """A full disk (/dev/full) under `status`, `status --json`, `models`: said in one line, exit 1; a closed pipe
+    (`| head`) stays silent."""
+    assert cli("goal", "Hello", "--name", "h", cwd=home).returncode == 0
+    for args in (["status"], ["status", "--json"], ["models"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([*PRIMEFS, "-w", str(home), *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                               timeout=60)
+        assert_clean_error(subprocess.CompletedProcess(args, r.returncode, "", r.stderr), "No space left on device")
+    head = subprocess.Popen([*PRIMEFS, "-w", str(home), "status", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    head.stdout.close()  # the reader is gone before anything is written
+    assert head.wait(60) == 1 and head.stderr.read() == b""
+
+
 def test_broken_goals_are_reported_and_others_still_run(home):
     goals = home / "goals"
     (goals / "broken.md").write_text("---\nmodel: [unclosed\nname: x\n---\ntask\n")

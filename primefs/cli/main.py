@@ -77,6 +77,19 @@ class Group(click.Group):
             sys.exit(1)
         except KeyboardInterrupt:  # never click's "Aborted!": watchers end with 0, anything else with 130
             sys.exit(0 if ctx.invoked_subcommand in WATCHERS else 130)
+        except BrokenPipeError:  # (`| head`: click's own way, exit 1 without a word)
+            raise
+        except OSError as exc:  # what the machine refused (a full disk, no permission): said, not a traceback
+            import os
+
+            where = f": {exc.filename}" if exc.filename else ""
+            err().print(f"[red]error:[/red] {escape(exc.strerror or str(exc))}{escape(where)}", markup=True,
+                        soft_wrap=True)
+            try:  # (output that could not be written is not tried again as the process ends)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            sys.exit(1)
 
 
 
