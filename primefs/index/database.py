@@ -6,6 +6,7 @@ import os
 import shutil
 import sqlite3
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 VERSION = 7  # PRAGMA user_version: another version is dropped and rebuilt
@@ -125,8 +126,7 @@ class Database:
     def _prepare(self, db: sqlite3.Connection) -> None:
         if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute("BEGIN IMMEDIATE")  # another process may be creating it too: one does, the other sees it
-            try:
+            with immediate(db):  # another process may be creating it too: one does, the other sees it
                 if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
                     for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT "
                                               "LIKE 'sqlite_%' AND name NOT LIKE 'events_text_%'").fetchall():
@@ -135,10 +135,6 @@ class Database:
                         if statement.strip():
                             db.execute(statement)
                     db.execute(f"PRAGMA user_version={VERSION}")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
         # Added beside version 7's tables, not as a new version (which would index every event again): older
         # primefs versions ignore it. key -> value: "watched", the runner whose change journal is trusted.
         db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT)")
@@ -149,21 +145,15 @@ class Database:
         if any(made.get(name) != sql for name, sql in RECORDS.items()):
             self._make_records(db)
         if state_of(db, COMPACT) is None:  # usage stored with json.dumps's spaces: compact, as status --json prints it
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate(db):
                 db.execute("UPDATE sessions SET usage = json(usage) WHERE instr(usage, '\": ')")
                 put_state(db, COMPACT, "1")
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
         db.execute("SELECT 1 FROM sessions, events, events_text, archives, state, trees, trees_changed LIMIT 0")  # damaged tables fail here
         db.execute("PRAGMA synchronous=NORMAL")
 
     @staticmethod
     def _make_records(db: sqlite3.Connection) -> None:
-        db.execute("BEGIN IMMEDIATE")  # (another process may be at it too: one makes them, the other sees them made)
-        try:
+        with immediate(db):  # (another process may be at it too: one makes them, the other sees them made)
             made = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'records_%'"))
             if any(made.get(name) != sql for name, sql in RECORDS.items()):
                 if "record" not in {c[1] for c in db.execute("PRAGMA table_info(sessions)")}:
@@ -172,10 +162,6 @@ class Database:
                     db.execute(f"DROP TRIGGER IF EXISTS {name}")
                     db.execute(sql)
                 db.execute(f"UPDATE sessions SET record = {RECORD}")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm"):
@@ -238,6 +224,18 @@ class Database:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextmanager
+def immediate(db: sqlite3.Connection):
+    """A write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on any exception."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 def state_of(db: sqlite3.Connection, key: str) -> str | None:
