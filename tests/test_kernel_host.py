@@ -148,3 +148,27 @@ def test_a_long_lived_kernel_client_keeps_a_bounded_replay_history(host, tmp_pat
     for i in range(300):  # ~5 messages a cell
         assert k.execute(f"print({i})", timeout=20).output == f"{i}\n"
     assert 0 < len(k.client.kc.session.digest_history) <= 1024
+
+
+def test_a_snapshot_during_a_cell_takes_none_of_its_output(host, tmp_path):
+    """A turn's end snapshot and `primefs exec` share one client: neither may read the other's messages
+    (the cell once came back empty in CI, its output read and dropped by the snapshot's drain)."""
+    from primefs.kernels.session_kernel import SessionKernel
+    from primefs.store.settings import Limits
+
+    k = SessionKernel(host, lambda: KernelSpec("s", tmp_path), tmp_path / "snap", Limits.of({"snapshot": "turn"}),
+                      record=lambda *a, **kw: None)
+    k.ensure()
+    for n in range(5):
+        k.execute(f"x = {n}", timeout=20)
+        started, taken = threading.Event(), []
+        cell = threading.Thread(target=lambda: (started.set(), taken.append(k.execute(
+            "import time; time.sleep(0.2); print('out'); 'value'", timeout=20))))
+        cell.start()
+        started.wait()
+        time.sleep(0.05)  # the cell is on its way (the snapshot must wait for it, not race it)
+        snap = k.snapshot("turn")
+        cell.join()
+        assert taken[0].output == "out\n'value'\n" and taken[0].error is None, taken[0]
+        assert snap is not None and "x" in [v["name"] for v in snap["saved"]], snap
+    k.shutdown()

@@ -31,6 +31,9 @@ class SessionKernel:
         self.handle: KernelHandle | None = None
         self.dirty = False  # cells ran since the last snapshot (or restore)
         self._starting: tuple[threading.Thread, list] | None = None  # start_soon(): its thread and its error
+        # One talker at a time: a cell, a snapshot and a restore share the client's sockets, and each drops
+        # the messages that are not its own. A turn holds it for a whole step (`primefs exec` runs between).
+        self.lock = threading.RLock()
 
     @property
     def mode(self) -> str:
@@ -42,15 +45,16 @@ class SessionKernel:
     def ensure(self, why: str | None = None) -> str | None:
         """Start the kernel unless it runs. `why`: the session had a kernel before, and this is why
         it is gone; then the last snapshot is restored. Returns what to tell the model, if anything."""
-        if self.running():
-            return None
-        self._discard()
-        started = time.monotonic()
-        self.handle = self.host.start(self.spec())
-        self.record("kernel", event="restarted" if why else "started", reason=why, pid=self.handle.pid,
-                    node=self.handle.node, start_s=round(time.monotonic() - started, 4))
-        self.on_start(self.handle.node)
-        return self._restore(why) if why else None
+        with self.lock:
+            if self.running():
+                return None
+            self._discard()
+            started = time.monotonic()
+            self.handle = self.host.start(self.spec())
+            self.record("kernel", event="restarted" if why else "started", reason=why, pid=self.handle.pid,
+                        node=self.handle.node, start_s=round(time.monotonic() - started, 4))
+            self.on_start(self.handle.node)
+            return self._restore(why) if why else None
 
     def start_soon(self) -> None:
         """Start a first kernel (none to restore, nothing to tell the model) in a thread of its own, so that a
@@ -77,12 +81,13 @@ class SessionKernel:
                 raise error[0]
 
     def execute(self, code: str, timeout: float | None, on_timeout=None) -> CellResult:
-        self.dirty = True
-        res = self.handle.execute(code, timeout=timeout, on_timeout=on_timeout)
-        if res.died:
-            res.restarted = True
-            res.notice = self.ensure(self.handle.lost or "it died or would not stop during a cell")
-        return res
+        with self.lock:
+            self.dirty = True
+            res = self.handle.execute(code, timeout=timeout, on_timeout=on_timeout)
+            if res.died:
+                res.restarted = True
+                res.notice = self.ensure(self.handle.lost or "it died or would not stop during a cell")
+            return res
 
     def interrupt(self) -> None:
         if self.handle is not None:
@@ -90,26 +95,28 @@ class SessionKernel:
 
     def snapshot(self, reason: str) -> dict | None:
         """Save the namespace now (unless snapshots are off). Never raises: a failed snapshot is recorded."""
-        if self.mode == "off" or not self.running():
-            return None
-        max_bytes = int(self.limits.snapshot_max_mb * 1024 * 1024)
-        try:
-            m = self.handle.snapshot(self.folder, max_bytes, reason)
-        except Exception as exc:  # a hung or broken kernel: the previous snapshot stays
-            self.record("snapshot", reason=reason, error=f"{type(exc).__name__}: {exc}")
-            return None
-        self.dirty = False
-        if m["skipped"]:  # what a later restore cannot bring back is worth a line in the log
-            self.record("snapshot", reason=reason, saved=len(m["saved"]), bytes=m["bytes"],
-                        skipped=[f"{x['name']} ({x['reason']})" for x in m["skipped"]])
-        return m
+        with self.lock:
+            if self.mode == "off" or not self.running():
+                return None
+            max_bytes = int(self.limits.snapshot_max_mb * 1024 * 1024)
+            try:
+                m = self.handle.snapshot(self.folder, max_bytes, reason)
+            except Exception as exc:  # a hung or broken kernel: the previous snapshot stays
+                self.record("snapshot", reason=reason, error=f"{type(exc).__name__}: {exc}")
+                return None
+            self.dirty = False
+            if m["skipped"]:  # what a later restore cannot bring back is worth a line in the log
+                self.record("snapshot", reason=reason, saved=len(m["saved"]), bytes=m["bytes"],
+                            skipped=[f"{x['name']} ({x['reason']})" for x in m["skipped"]])
+            return m
 
     def shutdown(self, snapshot: str | None = None) -> None:
         """Shut the kernel down, saving its namespace first (when `snapshot` names why and cells ran
         since the last snapshot)."""
-        if snapshot and self.dirty:
-            self.snapshot(snapshot)
-        self._discard()
+        with self.lock:  # not under a cell another thread runs
+            if snapshot and self.dirty:
+                self.snapshot(snapshot)
+            self._discard()
 
     def _discard(self) -> None:
         handle, self.handle = self.handle, None

@@ -91,7 +91,6 @@ class Agent:
         self.cell_seq = 0  # bumped when a cell ends: requests from an ended cell are void
         self.mail_lock = threading.Lock()  # one reader of this session's mailbox at a time
         self.turn_lock = threading.Lock()  # held while a worker runs its turns (the kernel is in use)
-        self.kernel_lock = threading.Lock()  # held while a step's cells run (`primefs exec` runs between)
         self.resuming = False  # the next turn goes on with one a runner stop cut off (not a new turn)
         self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
         self.pending_refine: dict | None = None  # refine() asked for during the turn, done at its end
@@ -284,7 +283,7 @@ class Agent:
         if not cells:
             return self.finish(reply.text, "idle")
         self.kernel.ready()
-        with self.kernel_lock:
+        with self.kernel.lock:  # the whole step's cells (`primefs exec` runs between two steps)
             ran = self._run_cells(asked, cells)
         if self.done_answer is not None:
             return self.finish(self.done_answer, "done")

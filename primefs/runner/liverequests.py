@@ -124,20 +124,20 @@ class LiveRequests:
         while True:
             if agent.turn_lock.acquire(blocking=False):
                 try:
-                    with agent.kernel_lock:
+                    with agent.kernel.lock:
                         agent.ensure_conversation()
                         agent.ensure_kernel()
                         return fn()
                 finally:
                     agent.turn_lock.release()
                     self.turns.kernels.park(agent)
-            if agent.kernel_lock.acquire(timeout=0.2):  # between two steps of the turn
+            if agent.kernel.lock.acquire(timeout=0.2):  # between two steps of the turn
                 busy = False
                 try:
                     if agent.kernel.running():
                         return fn()
                 finally:
-                    agent.kernel_lock.release()
+                    agent.kernel.lock.release()
                 time.sleep(0.05)  # the turn is starting (or restarting) its kernel: look again
             if time.monotonic() > deadline:
                 raise PrimefsError(f"the session's kernel has been running a cell of its turn for {BUSY_WAIT_S:g} s; "
