@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from primefs.runner.gateway import cautious_tokens
 from primefs.store.conversation import rebuild, to_messages
+from primefs.store.history import since_compaction
 
 # Events where a cut may begin the kept tail: user input, or a new step (an assistant reply with
 # the cells that follow it). Never a cell: it belongs to the reply before it.
@@ -65,9 +66,8 @@ def maybe_compact(agent, system: str) -> bool:
     prompt = [{"role": "system", "content": system}, *agent.messages]
     if not limit or cautious_tokens(prompt) <= limit or agent.gateway.prompt_tokens(agent.settings, prompt) <= limit:
         return False
-    events = agent.session.events()
-    last = next((e for e in reversed(events) if e["type"] == "compaction"), None)
-    live = [e for e in events if (last is None or e["n"] > last["upto_n"]) and e["type"] != "compaction"]
+    last, tail = since_compaction(agent.session.history.path)
+    live = [e for e in tail if e["type"] != "compaction"]
     # the kept tail: the longest suffix starting at a cut point that fits in half of what the system
     # prompt leaves, but always at least the last step
     budget = (limit - cautious_tokens([{"role": "system", "content": system}])) // 2
@@ -90,7 +90,7 @@ def maybe_compact(agent, system: str) -> bool:
     event = agent.session.history.append(
         "compaction", upto_n=old[-1]["n"], replaced=len(old), kept_from_n=live[keep_from]["n"],
         summary=reply.text or "", tokens_before=before)
-    agent.messages = rebuild(agent.session.events(), agent.tool_mode)
+    agent.messages = rebuild(since_compaction(agent.session.history.path)[1], agent.tool_mode)
     done = agent.session.history.append("compaction_done", n_compaction=event["n"],
                                         tokens_after=agent.gateway.prompt_tokens(
                                             agent.settings, [{"role": "system", "content": system}, *agent.messages]))

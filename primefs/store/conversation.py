@@ -51,7 +51,7 @@ def rebuild(events: list[dict], tool_mode: str) -> list[dict]:
                                                     "full history is in `history.events()` / `history.search()`):\n"
                                                     + last["summary"]})
     for e in events:
-        if last is None or e["n"] > last["upto_n"]:
+        if last is None or not isinstance(e.get("n"), int) or e["n"] > last["upto_n"]:
             messages.extend(to_messages(e, tool_mode))
     return messages
 

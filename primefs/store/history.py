@@ -265,6 +265,22 @@ def latest_events(path: Path, chunk: int = 1 << 16) -> Iterator[dict]:
                     yield e
 
 
+def since_compaction(path: Path) -> tuple[dict | None, list[dict]]:
+    """The last compaction of a history and every event after what it covered (`n` past its `upto_n`, the
+    compaction itself included), oldest first; (None, every event) if there is none. Read from the end:
+    what a compaction or a conversation's rebuild needs costs the events since, not the whole history
+    (which grows for the life of a session)."""
+    last, tail = None, []
+    for e in latest_events(path):
+        if last is None and e["type"] == "compaction":
+            last = e
+        elif last is not None and isinstance(e.get("n"), int) and e["n"] <= last["upto_n"]:
+            break
+        tail.append(e)
+    tail.reverse()
+    return last, tail
+
+
 def read_events(path: Path, type: str | None = None) -> list[dict]:
     return [e for e in iter_events(path) if type is None or e.get("type") == type]
 

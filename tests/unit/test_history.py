@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from primefs.store.history import latest_events, read_events
+from primefs.store.history import latest_events, read_events, since_compaction
 
 line = st.one_of(
     st.builds(lambda n, pad: json.dumps({"type": "x", "n": n, "pad": pad}), st.integers(0, 10**6), st.text(max_size=80)),
@@ -53,3 +53,43 @@ def test_latest_events_read_only_as_far_as_asked(tmp_path, monkeypatch):
     events = history.latest_events(path, chunk=1 << 16)
     assert [next(events)["n"] for _ in range(3)] == [99_999, 99_998, 99_997]
     assert sum(read) <= 1 << 16
+
+
+# a history as the runner writes it: events numbered in order, now and then a compaction that covers all but a
+# kept tail of what came before it
+step = st.one_of(st.sampled_from(["notice", "turn_start", "x"]), st.integers(0, 5))
+
+
+@given(st.lists(step, max_size=60))
+def test_since_compaction_is_what_a_whole_read_would_give(tmp_path_factory, steps):
+    path = tmp_path_factory.mktemp("h") / "history.jsonl"
+    events = []
+    for s in steps:
+        n = len(events)
+        if isinstance(s, int):  # a compaction keeping the last s events (none when there is nothing to cover)
+            if n - s < 1:
+                continue
+            events.append({"type": "compaction", "n": n, "upto_n": n - s - 1, "summary": "s"})
+        else:
+            events.append({"type": s, "n": n})
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    whole = read_events(path)
+    last = next((e for e in reversed(whole) if e["type"] == "compaction"), None)
+    assert since_compaction(path) == (last, [e for e in whole if last is None or e["n"] > last["upto_n"]])
+
+
+def test_since_compaction_reads_back_only_to_what_the_compaction_kept(tmp_path, monkeypatch):
+    """A compaction (and the conversation rebuilt after it) costs the events since the last one, not the
+    history of the session's whole life: its time and its memory would grow with every turn."""
+    from primefs.store import history
+
+    path = tmp_path / "history.jsonl"
+    lines = [{"type": "notice", "n": i, "text": "t"} for i in range(100_000)]
+    lines += [{"type": "compaction", "n": 100_000, "upto_n": 99_989, "summary": "s"}, {"type": "notice", "n": 100_001, "text": "t"}]
+    path.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    parsed = []
+    real = history.parse_event
+    monkeypatch.setattr(history, "parse_event", lambda line: parsed.append(1) or real(line))
+    last, tail = since_compaction(path)
+    assert last["n"] == 100_000 and [e["n"] for e in tail] == [*range(99_990, 100_002)]
+    assert len(parsed) == len(tail) + 1  # and the one line that says where to stop
