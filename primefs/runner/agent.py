@@ -85,6 +85,7 @@ class Agent:
         self.warned: set[str] = set()  # harness problems already recorded in this session's history
         self.messages: list[dict] | None = None
         self.seen_ids: set[str] = set()  # ids of messages already in history: none is shown twice
+        self.claimed: set[Path] | None = None  # mail/cur/ files claimed, not acknowledged (None: not listed yet)
         self.turns = 0
         self.done_answer: str | None = None
         self.stop_requested = False

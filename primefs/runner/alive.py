@@ -160,7 +160,7 @@ class Alive:
         if (folder / "heartbeats").is_dir() and not self._stopped(sid):
             self.intake.watch_heartbeats(sid)
             news = True
-        if mail.unacked(folder / "mail") and not self._stopped(sid):  # claimed before a crash: taken again
+        if self._unacked(sid, folder) and not self._stopped(sid):  # claimed before a crash: taken again
             self.scheduler.add(sid)
             news = True
         if mail.new_files(folder / "mail"):
@@ -168,6 +168,13 @@ class Alive:
             news = True
         if news or self.scheduler.busy(sid):
             self.wake(sid)
+
+    def _unacked(self, sid: str, folder: Path) -> bool:
+        """Mail claimed and never acknowledged: once the session's reader has listed mail/cur/ (every message
+        the session ever took), what it holds; before that, the listing."""
+        reader = self.turns.agents.get(sid)
+        held = reader.claimed if reader is not None else None
+        return bool(held) if held is not None else bool(mail.unacked(folder / "mail"))
 
     def _status_in(self, sid: str, statuses: tuple) -> bool:
         """Whether its session.yaml says one of these statuses (unreadable: as if it did)."""

@@ -2,10 +2,12 @@
 
 Mailboxes are Maildir folders (mail.py); this part adds who may read what, and when. A reader is a
 session's Agent: its `mail_lock` makes it the only reader of its box, its `seen_ids` make sure no
-message is shown twice (also after a crash), its `cell_seq` voids requests of an ended cell.
+message is shown twice (also after a crash), its `cell_seq` voids requests of an ended cell, its `claimed`
+spares a listing of cur/ (every message the session ever took) at each turn.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -48,28 +50,44 @@ class PostOffice:
                 self.log(f"warning: {s.id}: {name} was not a folder: kept aside, the folder made again")
         except OSError as exc:
             self.log(f"warning: {s.id}: its mailbox cannot be mended: {exc}")
-        for path in mail.unacked(s.mail) + mail.new_files(s.mail):
+        # cur/ keeps every message the session ever took: it is listed once (what a runner that died left
+        # claimed), then this runner knows what it claimed itself and has not acknowledged
+        held = agent.claimed
+        if held is None:
+            held = agent.claimed = set(mail.unacked(s.mail))
+        for path in sorted(held) + mail.new_files(s.mail):
             if limit is not None and len(out) >= limit:
                 break
             if path in self._stuck:
                 continue
+            if path in held and not os.path.lexists(path):  # taken away by hand
+                held.discard(path)
+                continue
             try:
-                claimed = path if path.parent.name == "cur" else mail.claim(path)
+                claimed = path if path in held else mail.claim(path)
             except OSError as exc:  # e.g. a folder in new/ that cannot be moved
                 self._set_aside(agent, path, f"cannot be claimed: {exc}")
                 continue
             if claimed is None:
                 continue
+            held.add(claimed)
             try:
                 msg = mail.parse(claimed, to=s.id, root=self.tree.dir.parent)
             except mail.BadMessage as exc:
+                held.discard(claimed)
                 self._set_aside(agent, claimed, str(exc))
                 continue
             if msg.id in agent.seen_ids:
-                mail.ack(claimed)
+                self._ack(agent, claimed)
                 continue
             out.append((msg, claimed))
         return out
+
+    @staticmethod
+    def _ack(agent, claimed: Path) -> None:
+        mail.ack(claimed)
+        if agent.claimed is not None:
+            agent.claimed.discard(claimed)
 
     def _set_aside(self, agent, path: Path, reason: str) -> None:
         """Bad mail goes to mail/bad/ with its reason, once; if even that fails it is skipped from now on."""
@@ -82,11 +100,10 @@ class PostOffice:
         agent.record("bad_mail", file=path.name, error=reason)
         self.log(f"warning: {agent.session.id}: bad message {where}: {reason}")
 
-    @staticmethod
-    def _record(agent, msg: mail.Message, claimed: Path, read_by: str | None) -> None:
+    def _record(self, agent, msg: mail.Message, claimed: Path, read_by: str | None) -> None:
         fields = {"read_by": read_by} if read_by else {}
         agent.record("message", id=msg.id, **{"from": msg.sender}, kind=msg.kind, text=msg.text, **fields)
-        mail.ack(claimed)
+        self._ack(agent, claimed)
 
     def take_mail(self, agent) -> int:
         """Show the session's unread mail to the model (as user messages). Returns how many."""
@@ -116,6 +133,8 @@ class PostOffice:
                 sent = self._results.get(agent.session.id, {}).pop(child, [])
             for msg in sent:
                 claimed = mail.claim(msg.path)
+                if claimed is not None and agent.claimed is not None:
+                    agent.claimed.add(claimed)
                 if claimed is not None and msg.id not in agent.seen_ids:
                     self._record(agent, msg, claimed, "wait")
 

@@ -188,3 +188,31 @@ def test_addresses_resolve_through_the_tree(office, ws):
                              (a.id, "nobody", "unknown recipient 'nobody'")):
         with pytest.raises(LookupError, match=said):
             post.resolve(sender, to)
+
+
+def test_cur_is_listed_once_per_reader_and_a_claim_not_recorded_is_taken_again(office, monkeypatch):
+    """mail/cur/ keeps every message a session ever took (months of them): a reader lists it once, for what
+    a runner that died left claimed, not at every turn. A message it claimed and could not record is taken
+    at the next turn all the same."""
+    post, _, _, _, _, a, reader = office
+    listed = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p=".": (listed.append(str(p)) if str(p).endswith("cur") else None) or real(p))
+    for i in range(3):
+        post.deliver(a.id, sender="user", kind="user", text=f"m{i}")
+        assert post.take_mail(reader) == 1
+    record, failed = reader.record, []
+
+    def full_disk(type, **fields):
+        if type == "message" and not failed:
+            failed.append(fields["text"])
+            raise OSError(28, "No space left on device")
+        return record(type, **fields)
+
+    monkeypatch.setattr(reader, "record", full_disk)
+    post.deliver(a.id, sender="user", kind="user", text="m3")
+    with pytest.raises(OSError):
+        post.take_mail(reader)
+    assert failed == ["m3"] and post.take_mail(reader) == 1
+    assert [e["text"] for e in a.events("message")] == ["m0", "m1", "m2", "m3"]
+    assert listed == [str(a.mail / "cur")] and mail.unacked(a.mail) == [] and reader.claimed == set()
