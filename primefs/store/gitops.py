@@ -285,6 +285,12 @@ class Committer:
 
     EVERY_S = 0.5
     SHARE = 3
+    # Commits between two `git gc --auto`. Only porcelain (`git commit`) runs it, never the plumbing these
+    # commits are made of; and each commit stores every history it changed anew, whole (a loose object):
+    # without it .git grows without end, with the square of a history's length. Packed, each version of an
+    # append-only file is a small delta of the one before. `gc --auto` packs only past git's own threshold
+    # (`gc.auto`, 6,700 loose objects; a person's `gc.auto 0` turns it off), at once when it does not.
+    GC_EVERY = 100
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -296,6 +302,7 @@ class Committer:
         self._now = False  # flush(): commit what is pending without waiting for EVERY_S
         self._last = 0.0  # monotonic time of the last commit's end
         self._gap = self.EVERY_S  # from then to the next
+        self._commits = 0
         self.errors: list[str] = []
         ignore_runtime(self.root)
         self._thread = threading.Thread(target=self._loop, name="primefs-committer", daemon=True)
@@ -326,6 +333,9 @@ class Committer:
                 # the subject names the sessions; the body keeps one line per path with the full id
                 lines = sorted(f"{p}: {r}" for p, r in batch.items())
                 commit_paths(self.root, sorted(batch), subject_for(marks, lines) + "\n\n" + "\n".join(lines))
+                self._commits += 1
+                if self._commits % self.GC_EVERY == 0:  # (in this thread, and within git's share of the time)
+                    git(self.root, "-c", "gc.autoDetach=false", "gc", "--auto", "--quiet", check=False)
             except subprocess.CalledProcessError as exc:
                 self.errors.append((exc.stderr or str(exc)).strip())
             except Exception as exc:  # the committer thread must outlive any one failure
