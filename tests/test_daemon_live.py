@@ -237,3 +237,31 @@ def test_attach_without_runner_and_ctrl_c_and_live_agents(ws, scripted):
         assert "Traceback" not in term.drain()
     finally:
         term.close()
+
+
+def test_the_runners_log_is_kept_small_while_it_runs_for_months(ws, monkeypatch):
+    """A runner started by `up` writes its output to .primefs/runner.log, a line or two a turn for as long
+    as it runs: past LOG_MAX_BYTES the file becomes runner.log.1 and a new one is begun, no line lost
+    between the two. Here a real process whose output is runner.log, with a small limit."""
+    import sys
+
+    from primefs.cli import daemon
+
+    script = (f"import time\nfrom primefs.cli import daemon\nfrom primefs.store.workspace import Workspace\n"
+              f"daemon.LOG_MAX_BYTES, daemon.LOG_LOOK_S = 20_000, 0.02\n"
+              f"assert daemon.keep_log_small(Workspace({str(ws.root)!r}))\n"
+              "for i in range(5000):\n    print(f'line {i}', flush=True)\n    time.sleep(0.0005 if i % 50 else 0.03)\n"
+              "time.sleep(0.2)\n")
+    ws.state.mkdir(exist_ok=True)
+    log = daemon.log_path(ws)
+    with open(log, "ab") as f:
+        subprocess.run([sys.executable, "-c", script], stdout=f, stderr=subprocess.STDOUT, check=True, timeout=120)
+    old, new = log.with_name("runner.log.1").read_text().splitlines(), log.read_text().splitlines()
+    assert old and new and len(old) + len(new) < 5000  # rotated more than once: the oldest lines dropped
+    assert log.stat().st_size < 20_000 + 5_000 and new[-1] == "line 4999"
+    first = int(old[0].split()[1])
+    assert old + new == [f"line {i}" for i in range(first, 5000)]
+    # a process whose output is something else (this one's) leaves runner.log alone; `up` rotates it first
+    assert not daemon.keep_log_small(ws)
+    monkeypatch.setattr(daemon, "LOG_MAX_BYTES", 10)
+    assert daemon.rotate_log(ws) and not log.exists() and log.with_name("runner.log.1").read_text().endswith("line 4999\n")

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,8 @@ from primefs.store.control import lock_held, lock_path, read_lock_file, read_sta
 from primefs.views.when import human_age
 
 LOG_NAME = "runner.log"
+LOG_MAX_BYTES = 10 * 1024 * 1024  # past this, runner.log becomes runner.log.1 (the one before it dropped)
+LOG_LOOK_S = 60.0
 UP_TIMEOUT_S = 60.0
 DOWN_TIMEOUT_S = 30.0
 
@@ -35,6 +38,45 @@ from primefs.cli.options import emit, idle_exit_option, json_option, ray_address
 # -- the runner's log and its process ---------------------------------------------------------------
 def log_path(ws) -> Path:
     return ws.state / LOG_NAME
+
+
+def rotate_log(ws, fds: tuple[int, ...] = ()) -> bool:
+    """runner.log past LOG_MAX_BYTES moved to runner.log.1 (replacing the one before) and a new one begun,
+    dup'ed onto `fds` (a runner's output). A runner that runs for months writes a line or two a turn."""
+    path = log_path(ws)
+    try:
+        if os.stat(path).st_size < LOG_MAX_BYTES:
+            return False
+        os.replace(path, path.with_name(LOG_NAME + ".1"))
+        if fds:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            for target in fds:
+                os.dup2(fd, target)
+            os.close(fd)
+    except OSError:  # gone, or not ours to move: written on as it is, looked at again next time
+        return False
+    return True
+
+
+def keep_log_small(ws) -> bool:
+    """If this process's output is the workspace's runner.log (`primefs up` started it), a daemon thread
+    rotates it every LOG_LOOK_S seconds (rotate_log). False if the output is anything else."""
+    try:
+        out, log = os.fstat(1), os.stat(log_path(ws))
+    except OSError:
+        return False
+    if (out.st_dev, out.st_ino) != (log.st_dev, log.st_ino):
+        return False
+
+    def look() -> None:
+        while True:
+            time.sleep(LOG_LOOK_S)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            rotate_log(ws, (1, 2))
+
+    threading.Thread(target=look, name="primefs-log", daemon=True).start()
+    return True
 
 
 def alive(pid: int) -> bool:
@@ -139,6 +181,7 @@ def spawn(ws, *, ray: str | None = None, idle_exit: float | None = None) -> tupl
         pid, _ = read_lock_file(ws)
         raise PrimefsError(f"a runner is already running in {ws.root}" + (f" (pid {pid})" if pid else "")
                            + "; see `primefs runner`, stop it with `primefs down`")
+    rotate_log(ws)
     with open(os.open(log_path(ws), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as f:  # the runner's only
         os.fchmod(f.fileno(), 0o600)
         f.write(f"--- primefs up {datetime.now().isoformat(timespec='seconds')} ---\n".encode())

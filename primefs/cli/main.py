@@ -234,10 +234,12 @@ def run(ctx, once, quiet, verbose, idle_exit, ray):
         line = Text.assemble((f"{datetime.now():%H:%M:%S} ", "dim"), msg)
         narrator.say(line) if narrator else err().print(line, soft_wrap=True)
 
-    if not once:  # a runner that may run for days: what malloc keeps of freed memory given back
+    if not once:  # a runner that may run for days: what malloc keeps of freed memory given back, its log kept small
+        from primefs.cli.daemon import keep_log_small
         from primefs.runner.memory import keep_flat
 
         keep_flat()
+        keep_log_small(ws)
     runner = Runner(ws, log=log, ray=ray_address(ws, ray))
     runner.turns.gate_runner = run_gate  # harness.gate: refinements agents ask for must pass their gate
     if narrator:
