@@ -100,6 +100,11 @@ def test_cancel_stops_the_session(ws, scripted):
     assert reply.stop_reason == "cancelled" and "was stopped" in json.dumps(again.data)
     [s] = list_sessions(ws.sessions)
     assert s.reload()["status"] == "stopped"
+    # the cancel came as the cell was asked for, before it ran: it is not run, or interrupted as it starts,
+    # never waited out (the interrupt of a cell not yet begun was lost: a minute here)
+    [cell] = s.events("cell")
+    assert cell["error"] == "not run: the session was stopped" or (
+        "KeyboardInterrupt" in cell["error"] and cell["elapsed_s"] < 30), cell
 
 
 def test_load_replays_an_existing_session(ws, scripted):

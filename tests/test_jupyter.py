@@ -61,9 +61,9 @@ def test_a_cell_aborted_every_time_is_reported_as_not_run(kernel, monkeypatch):
     real = kernelclient.KernelClient._execute
     kc = console_client(kernel.connection())
 
-    def behind_an_error(self, code, timeout, on_timeout):  # a console error queued before each attempt
+    def behind_an_error(self, code, timeout, on_timeout, stop):  # a console error queued before each attempt
         running(kc, kc.execute("import time; time.sleep(0.5); 1/0"))
-        return real(self, code, timeout, on_timeout)
+        return real(self, code, timeout, on_timeout, stop)
 
     monkeypatch.setattr(kernelclient.KernelClient, "_execute", behind_an_error)
     try:

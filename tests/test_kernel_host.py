@@ -172,3 +172,12 @@ def test_a_snapshot_during_a_cell_takes_none_of_its_output(host, tmp_path):
         assert taken[0].output == "out\n'value'\n" and taken[0].error is None, taken[0]
         assert snap is not None and "x" in [v["name"] for v in snap["saved"]], snap
     k.shutdown()
+
+
+def test_a_stop_interrupts_the_cell_once_it_runs(host, tmp_path):
+    """A stop asked for before the kernel began the cell: its interrupt would hit an idle kernel and be
+    lost, and the cell would run its whole time. It is sent once the cell runs."""
+    k = host.start(KernelSpec("s", tmp_path))
+    res = k.execute("import time; time.sleep(30)", timeout=60, stop=lambda: True)
+    assert "KeyboardInterrupt" in res.error and res.elapsed_s < 10 and not res.timed_out and not res.died, res
+    assert k.execute("print('alive')", timeout=20).output == "alive\n"

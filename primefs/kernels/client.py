@@ -139,28 +139,29 @@ class KernelClient:
         self._drain_iopub()
         self._drain_shell()
 
-    def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
-        """Run a cell; interrupt it past `timeout` seconds of its own running (calling `on_timeout` first):
-        time spent queued behind other code (a connected console's) does not count, and what the
-        interrupt would hit then is not ours. A cell that will not stop within INTERRUPT_GRACE_S of the
-        interrupt, or a kernel that dies, ends with `died`. A cell the kernel aborted (code queued before
-        it raised) is sent once more; aborted again, it ends `not_run`."""
+    def execute(self, code: str, timeout: float | None = None, on_timeout=None, stop=None) -> CellResult:
+        """Run a cell; interrupt it past `timeout` seconds of its own running (calling `on_timeout` first),
+        or once `stop()` is true: time spent queued behind other code (a connected console's) does not
+        count, and what the interrupt would hit then is not ours. A cell that will not stop within
+        INTERRUPT_GRACE_S of the interrupt, or a kernel that dies, ends with `died`. A cell the kernel
+        aborted (code queued before it raised) is sent once more; aborted again, it ends `not_run`."""
         self.busy = True
         try:
-            result = self._execute(code, timeout, on_timeout)
+            result = self._execute(code, timeout, on_timeout, stop)
             if result.not_run:
-                result = self._execute(code, timeout, on_timeout)
+                result = self._execute(code, timeout, on_timeout, stop)
             if result.not_run:
                 result.error = ABORTED
             return result
         finally:
             self.busy = False
 
-    def _execute(self, code: str, timeout: float | None, on_timeout) -> CellResult:
+    def _execute(self, code: str, timeout: float | None, on_timeout, stop) -> CellResult:
         started = time.monotonic()
         result = CellResult()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
-        deadline = None  # set once the kernel starts on this cell (its `busy` for our request)
+        running = False  # the kernel started on this cell (its `busy` for our request)
+        deadline = None  # then, with a timeout: when it is interrupted
         interrupted_at = None
         last_alive_check = started
         while True:
@@ -181,14 +182,19 @@ class KernelClient:
                     on_timeout()
                 self.interrupt()
                 interrupted_at = now
+            elif running and stop is not None and interrupted_at is None and stop():
+                self.interrupt()  # (a stop that came before the cell ran: the interrupt would have been lost)
+                interrupted_at = now
             elif interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
                 result.died = True  # would not stop: only a new kernel goes on
                 break
             if msg is None or msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
-            if kind == "status" and content.get("execution_state") == "busy" and deadline is None and timeout:
-                deadline = time.monotonic() + timeout
+            if kind == "status" and content.get("execution_state") == "busy" and not running:
+                running = True
+                if timeout:
+                    deadline = time.monotonic() + timeout
             elif kind == "stream":
                 result.parts.append(content.get("text", ""))
             elif kind in ("execute_result", "display_data"):

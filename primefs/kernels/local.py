@@ -78,8 +78,8 @@ class LocalKernel(KernelHandle):
         self.requests = 0  # its requests being served now
         self.client = KernelClient(info, alive=self.alive, interrupt=self.interrupt)
 
-    def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
-        return self.client.execute(code, timeout=timeout, on_timeout=on_timeout)
+    def execute(self, code: str, timeout: float | None = None, on_timeout=None, stop=None) -> CellResult:
+        return self.client.execute(code, timeout=timeout, on_timeout=on_timeout, stop=stop)
 
     def evaluate(self, expr: str, timeout: float = 60.0) -> str:
         return self.client.evaluate(expr, timeout)

@@ -68,13 +68,14 @@ class RayKernel(KernelHandle):
     def gone(self, why: str) -> None:
         self.dead, self.lost = True, why
 
-    def execute(self, code: str, timeout: float | None = None, on_timeout=None) -> CellResult:
+    def execute(self, code: str, timeout: float | None = None, on_timeout=None, stop=None) -> CellResult:
         """Run a cell on the node; the timeout is kept here, where the cell's requests can be voided
-        (`on_timeout`) before the interrupt reaches the kernel, as on one machine."""
+        (`on_timeout`) before the interrupt reaches the kernel, as on one machine. `stop()` true: the
+        cell is interrupted at once (this side cannot tell whether the node has begun it)."""
         ray = self.host.ray
         started = time.monotonic()
         ref = self.actor.execute.remote(self.token, code)
-        interrupted_at = None
+        interrupted_at, timed_out = None, False
         while True:
             done, _ = ray.wait([ref], timeout=0.25)
             now = time.monotonic()
@@ -82,18 +83,22 @@ class RayKernel(KernelHandle):
                 try:
                     res = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - the actor or the node is gone, or the kernel was shut down
-                    return self._died(started, self._why(exc), interrupted_at is not None)
-                res.timed_out = res.timed_out or interrupted_at is not None
+                    return self._died(started, self._why(exc), timed_out)
+                res.timed_out = res.timed_out or timed_out
                 return res
             if self.dead:
-                return self._died(started, self.lost or "the kernel died", interrupted_at is not None)
+                return self._died(started, self.lost or "the kernel died", timed_out)
             if timeout and interrupted_at is None and now - started > timeout:
+                timed_out = True
                 if on_timeout:
                     on_timeout()
                 self.interrupt()
                 interrupted_at = now
+            elif stop is not None and interrupted_at is None and stop():
+                self.interrupt()
+                interrupted_at = now
             elif interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
-                return self._died(started, None, True)  # would not stop: only a new kernel goes on
+                return self._died(started, None, timed_out)  # would not stop: only a new kernel goes on
 
     def _died(self, started: float, why: str | None, timed_out: bool) -> CellResult:
         self.dead = True

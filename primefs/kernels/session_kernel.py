@@ -80,10 +80,10 @@ class SessionKernel:
             if error:
                 raise error[0]
 
-    def execute(self, code: str, timeout: float | None, on_timeout=None) -> CellResult:
+    def execute(self, code: str, timeout: float | None, on_timeout=None, stop=None) -> CellResult:
         with self.lock:
             self.dirty = True
-            res = self.handle.execute(code, timeout=timeout, on_timeout=on_timeout)
+            res = self.handle.execute(code, timeout=timeout, on_timeout=on_timeout, stop=stop)
             if res.died:
                 res.restarted = True
                 res.notice = self.ensure(self.handle.lost or "it died or would not stop during a cell")

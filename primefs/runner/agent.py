@@ -297,6 +297,8 @@ class Agent:
         limit = self.limits.output_chars
         ran = []
         for k, (call_id, code, error) in enumerate(cells):
+            if not error and self.stop_requested:  # the rest of a reply a stop came during
+                error = "not run: the session was stopped"
             if not error and self.approvals is not None:
                 error = self.approvals.check_cell(self, code)  # None once a person said yes (if one must)
             if error:
@@ -306,7 +308,8 @@ class Agent:
                 self.hooks.fire("before_cell", self.session, {"call_id": call_id, "code": code})
             with tracing.cell(self.session, asked, k, call_id) as span:
                 # the cell's requests (wait, recv) are void from the moment it is interrupted
-                res = self.kernel.execute(code, timeout=self.limits.cell_timeout_s, on_timeout=self.cell_ended)
+                res = self.kernel.execute(code, timeout=self.limits.cell_timeout_s, on_timeout=self.cell_ended,
+                                          stop=lambda: self.stop_requested)
                 self.cell_ended()
                 ran.append(self.record("cell", call_id=call_id, code=code, output=cut(res.output, limit),
                                        error=cut(res.error, limit) if res.error else None, timed_out=res.timed_out,
