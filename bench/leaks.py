@@ -5,6 +5,7 @@ anonymous maps such as malloc arenas and Python's, files); `messages` is how man
 
     python bench/leaks.py              # 10 minutes, a sample a minute
     python bench/leaks.py 3 20         # 3 minutes, a sample every 20 s
+    python bench/leaks.py 60 300 0.4   # an hour, messages 5 times as often (every 0.2-0.6 s): hours of turns
 
 Prints one line per sample (seconds, fds: total, epoll, sockets, pipes; RSS MiB; messages so far), then
 JSON with the growth from the first sample after the warm-up to the last, and per minute.
@@ -66,7 +67,7 @@ def sample(pid: int) -> dict:
             "threads": int(status["Threads"]), "rss_mib": round(int(status["VmRSS"].split()[0]) / 1024, 1), **memory(pid)}
 
 
-def main(minutes: float = 10.0, every_s: float = 60.0, warm_s: float = 30.0, seed: int = 0) -> dict:
+def main(minutes: float = 10.0, every_s: float = 60.0, gap_s: float = 2.0, warm_s: float = 30.0, seed: int = 0) -> dict:
     rnd = random.Random(seed)
     ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": 4, "compact_at_tokens": COMPACT_AT_TOKENS})
     names = [f"talk{i}" for i in range(3)]
@@ -92,7 +93,7 @@ def main(minutes: float = 10.0, every_s: float = 60.0, warm_s: float = 30.0, see
                 samples.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()), file=sys.stderr, flush=True)
                 next_sample += every_s
-            time.sleep(rnd.uniform(1, 3))
+            time.sleep(rnd.uniform(gap_s / 2, gap_s * 1.5))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -105,5 +106,5 @@ def main(minutes: float = 10.0, every_s: float = 60.0, warm_s: float = 30.0, see
 
 
 if __name__ == "__main__":
-    args = [float(a) for a in sys.argv[1:3]]
+    args = [float(a) for a in sys.argv[1:4]]
     print(json.dumps(main(*args), indent=1))
