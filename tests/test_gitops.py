@@ -55,30 +55,35 @@ def test_a_commit_cut_off_before_update_ref_leaves_nothing_for_the_next(ws, monk
     assert tree == ["notes/a.md", "notes/b.md", "notes/first.md"]
 
 
-def test_turn_commits_are_packed_now_and_then(ws, monkeypatch):
+@pytest.mark.parametrize("auto", [None, "0"])
+def test_turn_commits_are_packed_now_and_then(ws, monkeypatch, auto):
     """A turn commit stores each history it changed anew, whole, as a loose object; the plumbing it is made
-    of never runs `git gc --auto` (only porcelain such as `git commit` does). So the committer runs it every
-    GC_EVERY commits, and git packs once past its own threshold (`gc.auto`, low here): the versions of an
-    append-only file become small deltas, and .git stays near the size of what it holds."""
+    of never runs git's upkeep (only porcelain such as `git commit` does). So the committer packs every
+    GC_EVERY commits: past git's own count (`gc.auto`) or past LOOSE_MAX_KIB (a history makes few objects,
+    and big ones). The versions of an append-only file become small deltas. `gc.auto 0` turns it off."""
     import json
 
-    subprocess.run(["git", "-C", str(ws.root), "config", "gc.auto", "1"], check=True)
+    if auto is not None:
+        subprocess.run(["git", "-C", str(ws.root), "config", "gc.auto", auto], check=True)
     monkeypatch.setattr(gitops.Committer, "GC_EVERY", 10)
     monkeypatch.setattr(gitops.Committer, "EVERY_S", 0.0)
+    monkeypatch.setattr(gitops, "LOOSE_MAX_KIB", 256)
     committer = gitops.Committer(ws.root)
     folder = ws.sessions / "s-1"
     folder.mkdir()
-    for turn in range(30):  # ~100 new objects a commit: enough for git's estimate of loose objects to see them
+    for turn in range(30):  # a history that grows by a turn's events
         with open(folder / "history.jsonl", "a") as f:
-            f.write(json.dumps({"type": "cell", "n": turn, "output": "x" * 2000}) + "\n")
-        for k in range(100):
-            (folder / f"out-{k}.txt").write_text(f"{turn} {k}\n")
+            for k in range(50):
+                f.write(json.dumps({"type": "cell", "n": turn * 50 + k, "output": f"{turn} {k} " * 40}) + "\n")
         committer.request("sessions/s-1", f"turn {turn}")
         committer.flush()
     committer.close()
     counts = dict(line.split(": ") for line in subprocess.run(
         ["git", "-C", str(ws.root), "count-objects", "-v"], capture_output=True, text=True, check=True).stdout.splitlines())
-    assert int(counts["in-pack"]) > 2000 and int(counts["count"]) < 1000, counts
+    if auto == "0":
+        assert counts["in-pack"] == "0", counts
+    else:
+        assert int(counts["in-pack"]) >= 3 * 20 and int(counts["size-pack"]) < 256, counts
     assert committer.errors == []
     log = subprocess.run(["git", "-C", str(ws.root), "log", "--format=%s"], capture_output=True, text=True).stdout
     assert log.splitlines()[:30] == [f"sessions/s-1: turn {t}" for t in reversed(range(30))]

@@ -275,6 +275,26 @@ def subject_for(marks: list[Mark], lines: list[str]) -> str:
     return head.rstrip(": ")
 
 
+LOOSE_MAX_KIB = 64 * 1024  # loose objects packed past this size, however few they are
+
+
+def pack_loose(root: Path) -> None:
+    """git's upkeep, which only porcelain (`git commit`) runs, never the plumbing turn commits are made of.
+    Each turn commit stores every history it changed anew, whole, as a loose object: unpacked, .git grows
+    without end, with the square of a history's length; packed, each version of an append-only file is a
+    small delta of the one before. `gc --auto` packs past `gc.auto` loose objects (6,700) and merges packs;
+    but a session's history makes few objects and big ones, so past LOOSE_MAX_KIB they are packed as well.
+    A person's `gc.auto 0` turns both off."""
+    if git(root, "config", "--get", "gc.auto", check=False).stdout.strip() == "0":
+        return
+    counts = dict(line.split(": ", 1) for line in git(root, "count-objects", "-v", check=False).stdout.splitlines()
+                  if ": " in line)
+    if int(counts.get("size", "0") or 0) > LOOSE_MAX_KIB:
+        git(root, "repack", "-d", "-l", "-q", check=False)
+        git(root, "prune-packed", "-q", check=False)
+    git(root, "-c", "gc.autoDetach=false", "gc", "--auto", "--quiet", check=False)
+
+
 class Committer:
     """Background, coalescing commits of session folders at turn boundaries: at most one commit every
     EVERY_S seconds (what ends meanwhile goes into the next), unless flushed. A commit is ~7 git processes
@@ -285,12 +305,7 @@ class Committer:
 
     EVERY_S = 0.5
     SHARE = 3
-    # Commits between two `git gc --auto`. Only porcelain (`git commit`) runs it, never the plumbing these
-    # commits are made of; and each commit stores every history it changed anew, whole (a loose object):
-    # without it .git grows without end, with the square of a history's length. Packed, each version of an
-    # append-only file is a small delta of the one before. `gc --auto` packs only past git's own threshold
-    # (`gc.auto`, 6,700 loose objects; a person's `gc.auto 0` turns it off), at once when it does not.
-    GC_EVERY = 100
+    GC_EVERY = 100  # commits between two looks at git's upkeep (pack_loose)
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -335,7 +350,7 @@ class Committer:
                 commit_paths(self.root, sorted(batch), subject_for(marks, lines) + "\n\n" + "\n".join(lines))
                 self._commits += 1
                 if self._commits % self.GC_EVERY == 0:  # (in this thread, and within git's share of the time)
-                    git(self.root, "-c", "gc.autoDetach=false", "gc", "--auto", "--quiet", check=False)
+                    pack_loose(self.root)
             except subprocess.CalledProcessError as exc:
                 self.errors.append((exc.stderr or str(exc)).strip())
             except Exception as exc:  # the committer thread must outlive any one failure
