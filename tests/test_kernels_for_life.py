@@ -45,7 +45,7 @@ def test_variables_survive_an_idle_shutdown_of_the_kernel(ws):
     assert "shut down while the session was idle" in told and "restored from the snapshot" in told
     assert "x" in told and "math (module)" in told and "sock (TypeError" in told
     kernels = s.events("kernel")
-    assert [k["event"] for k in kernels] == ["started", "restarted"] and kernels[0]["pid"] != kernels[1]["pid"]
+    assert [k["event"] for k in kernels] == ["started", "stopped", "restarted"] and kernels[0]["pid"] != kernels[2]["pid"]
 
 
 def test_variables_survive_a_runner_stop(ws):
@@ -180,3 +180,45 @@ rules:
     assert not (ws.root / "harness/notes/forged.md").exists() and not victim.events("sent")
     log = subprocess.run(["git", "-C", str(ws.root), "log", "--format=%B"], capture_output=True, text=True).stdout
     assert f"Primefs-Session: {victim.id}" not in log
+
+
+def test_a_runner_lets_go_of_sessions_it_has_not_used_for_a_while(ws, monkeypatch):
+    """A runner that runs for months must not keep every session it ever ran (an Agent of ~20 KB, an open
+    history file each): beyond KEEP_AGENTS, idle ones without a kernel are let go, read again if they wake."""
+    from primefs.runner import turns
+
+    monkeypatch.setattr(turns, "KEEP_AGENTS", 2)
+    ws = scripted(ws, SET_THEN_READ, max_idle_kernels=0, snapshot="idle")
+    names = [f"mem{i}" for i in range(6)]
+    for name in names:
+        write_goal(ws, "Remember", name=name)
+    with BackgroundRunner(ws) as br:
+        wait_for(lambda: sorted(s.meta.get("name") for s in list_sessions(ws.sessions) if s.read_result() == "set")
+                 == names, what="every first turn")
+        wait_for(lambda: len(br.runner.turns.agents) <= 2, what="the runner let go of the others")
+        wait_for(lambda: open_histories(ws) <= 2, what="their history files closed")
+        assert len(br.runner.tree._sessions) <= 2  # their Session objects (session.yaml, history) too
+        first = named(ws, "mem0")  # long let go: its conversation and kernel come back from its files
+        assert first.id not in br.runner.turns.agents
+        mail.deliver(first.mail, sender="user", to=first.id, kind="user", text="go on")
+        wait_for(lambda: first.read_result() == "done", what="its second turn")
+    assert first.events("cell")[1]["output"] == "42 2 True False\n"
+    told = notices(first)[-1]
+    assert "shut down while the session was idle" in told and "restored from the snapshot" in told
+    assert [k["event"] for k in first.events("kernel")][:3] == ["started", "stopped", "restarted"]
+    # the conversation was read again whole: the model saw its first turn before the new mail
+    assert first.events("turn_start")[-1]["n"] > first.events("result")[0]["n"]
+
+
+def open_histories(ws) -> int:
+    """history.jsonl files of this workspace this process holds open."""
+    import os
+
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        n += target.startswith(str(ws.sessions)) and target.endswith("history.jsonl")
+    return n

@@ -39,6 +39,10 @@ class SessionKernel:
     def mode(self) -> str:
         return self.limits.snapshot
 
+    def held(self) -> bool:
+        """A kernel started or starting (running() asks whether it is alive, which costs a call on Ray)."""
+        return self.handle is not None or self._starting is not None
+
     def running(self) -> bool:
         return self.handle is not None and self.handle.alive()
 

@@ -95,6 +95,7 @@ class Agent:
         self.resuming = False  # the next turn goes on with one a runner stop cut off (not a new turn)
         self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
         self.pending_refine: dict | None = None  # refine() asked for during the turn, done at its end
+        self.forgotten = False  # let go by the runner (Turns.forget_idle): whoever still holds it asks anew
 
     @property
     def room(self) -> Path:
@@ -159,7 +160,10 @@ class Agent:
             self.messages = rebuild(events, self.tool_mode)
             self.seen_ids = {e.get("id") for e in events if e["type"] == "message"}
             self.turns = sum(1 for e in events if e["type"] == "turn_start" and not e.get("resumed"))
-            self.had_kernel = any(e["type"] == "kernel" for e in events)
+            kernels = [e for e in events if e["type"] == "kernel"]
+            self.had_kernel = bool(kernels)
+            if kernels and kernels[-1].get("event") == "stopped" and self.kernel_gone is None:
+                self.kernel_gone = kernels[-1].get("reason")  # shut down while idle, by this runner or an earlier one
 
     def ensure_kernel(self, soon: bool = False) -> None:
         """The session's kernel running (`soon`: a first one may start beside the model call: kernel.ready()

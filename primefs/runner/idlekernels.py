@@ -48,6 +48,7 @@ class IdleKernels:
             if agent.kernel.running():
                 agent.kernel.shutdown(snapshot="idle")
                 agent.kernel_gone = why
+                agent.record("kernel", event="stopped", reason=why)  # (for a later Agent of it: Turns.forget_idle)
         finally:
             agent.turn_lock.release()
         return True

@@ -109,25 +109,29 @@ class LiveRequests:
                 raise PrimefsError(f"an approval is named by its number, not {n!r}")
             return self.approvals.answer(sid, n, request.get("verdict"), str(reason) if reason else None,
                                          str(request.get("by") or "user")[:100], str(request.get("via") or "cli"))
-        agent = self.turns.agent(sid)
         if op == "kernel":
-            return self._with_kernel(agent, lambda: self._connection(agent))
+            return self._with_kernel(sid, self._connection)
         code = request.get("code")
         if not isinstance(code, str) or not code.strip():
             raise PrimefsError("no code to run")
-        return self._with_kernel(agent, lambda: self._exec(agent, code))
+        return self._with_kernel(sid, lambda agent: self._exec(agent, code))
 
-    def _with_kernel(self, agent, fn) -> dict:
-        """Run fn with the session's kernel to ourselves: at once when no turn runs (starting the kernel,
-        with its variables restored, if it is not up), else between two steps of the turn."""
+    def _with_kernel(self, sid: str, fn) -> dict:
+        """Run fn(agent) with the session's kernel to ourselves: at once when no turn runs (starting the
+        kernel, with its variables restored, if it is not up), else between two steps of the turn."""
         deadline, busy = time.monotonic() + BUSY_WAIT_S, True
+        agent = self.turns.agent(sid)
         while True:
             if agent.turn_lock.acquire(blocking=False):
+                if agent.forgotten:  # let go of by the runner meanwhile: the session's agent now
+                    agent.turn_lock.release()
+                    agent = self.turns.agent(sid)
+                    continue
                 try:
                     with agent.kernel.lock:
                         agent.ensure_conversation()
                         agent.ensure_kernel()
-                        return fn()
+                        return fn(agent)
                 finally:
                     agent.turn_lock.release()
                     self.turns.kernels.park(agent)
@@ -135,7 +139,7 @@ class LiveRequests:
                 busy = False
                 try:
                     if agent.kernel.running():
-                        return fn()
+                        return fn(agent)
                 finally:
                     agent.kernel.lock.release()
                 time.sleep(0.05)  # the turn is starting (or restarting) its kernel: look again

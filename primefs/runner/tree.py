@@ -23,6 +23,14 @@ class SessionTree:
                 s = self._sessions[sid] = Session(self.dir / sid)
             return s
 
+    def forget(self, sid: str) -> None:
+        """A session the runner has not used for a while: its Session object (its cached session.yaml, its
+        open history file) goes; the next use reads it again. Its family links stay."""
+        with self._lock:
+            s = self._sessions.pop(sid, None)
+        if s is not None:
+            s.history.close()
+
     def put(self, session: Session) -> None:
         """Keep a Session object already read (its session.yaml need not be parsed again)."""
         with self._lock:

@@ -29,6 +29,13 @@ from primefs.store.session import Session
 from primefs.tracing import spans as tracing
 
 
+# Sessions whose live state (an Agent: conversation, mail state; its Session: session.yaml, open history file)
+# stays in memory between their turns, the most recently used. Older ones that hold nothing live are let go and
+# read again from their files if they wake: else a runner's memory and open files grow with every session it
+# ever ran (~20 KB and a file descriptor each), and a runner that runs for months runs out of both.
+KEEP_AGENTS = 256
+
+
 class Turns:
     def __init__(self, ws, tree: SessionTree, post: PostOffice, scheduler: Scheduler, goals: GoalControl,
                  bell: Bell, make_agent: Callable[[Session], Agent], commit_hand_edits: Callable[[], None], log):
@@ -45,10 +52,30 @@ class Turns:
 
     def agent(self, sid: str) -> Agent:
         with self._lock:
-            a = self.agents.get(sid)
+            a = self.agents.pop(sid, None)  # (put back last: the dict's order is the order of use)
             if a is None:
-                a = self.agents[sid] = self.make_agent(self.tree.session(sid))
+                a = self.make_agent(self.tree.session(sid))
+            self.agents[sid] = a
             return a
+
+    def forget_idle(self) -> None:
+        """Beyond KEEP_AGENTS, let go of the least recently used sessions that hold nothing live: no turn
+        queued or running, no kernel, nothing asked of their next turn."""
+        with self._lock:
+            extra = len(self.agents) - KEEP_AGENTS
+            for sid, a in list(self.agents.items()):
+                if extra <= 0:
+                    break
+                if (self.scheduler.busy(sid) or a.kernel.held() or a.pending_notice or a.pending_refine
+                        or a.stop_requested or a.retire_kernel or not a.turn_lock.acquire(blocking=False)):
+                    continue
+                try:
+                    a.forgotten = True
+                    del self.agents[sid]
+                    self.tree.forget(sid)
+                    extra -= 1
+                finally:
+                    a.turn_lock.release()
 
     def turns_of(self, sid: str) -> int:
         a = self.agents.get(sid)
@@ -74,6 +101,7 @@ class Turns:
         finally:
             if agent is not None and not self.bell.stopping:
                 self.kernels.park(agent)
+                self.forget_idle()
             close_thread_loop()  # the next job of this worker thread may be any session's: no loop is kept for it
         if self.bell.stopping:
             return False

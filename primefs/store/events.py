@@ -71,7 +71,7 @@ class TurnEnd(Event, total=False):
 
 
 class Kernel(Event, total=False):
-    event: Literal["started", "restarted"]
+    event: Literal["started", "restarted", "stopped"]
     reason: str | None
     pid: int | None
     node: str

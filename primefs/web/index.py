@@ -58,7 +58,7 @@ class Track:
         if e.get("type") == "model_call":
             u, last = self.summary["usage"], self.summary["last"]
             self.points.extend((last["ts"] or 0.0, u["input_tokens"] + u["output_tokens"], u["cost_usd"]))
-        elif e.get("type") == "kernel":
+        elif e.get("type") == "kernel" and e.get("event") != "stopped":  # (the last kernel's pid and node stay shown)
             self.kernel = e
 
     @property
