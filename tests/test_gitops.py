@@ -88,3 +88,53 @@ def test_turn_commits_are_packed_now_and_then(ws, monkeypatch, auto):
     log = subprocess.run(["git", "-C", str(ws.root), "log", "--format=%s"], capture_output=True, text=True).stdout
     assert log.splitlines()[:30] == [f"sessions/s-1: turn {t}" for t in reversed(range(30))]
     subprocess.run(["git", "-C", str(ws.root), "fsck", "--no-progress"], check=True, capture_output=True)
+
+
+def test_a_folder_deleted_before_its_first_commit_does_not_sink_the_batch(ws):
+    """`git add` refuses a whole batch for one pathspec that matches nothing: a session folder removed by
+    hand between its turn's end and the commit took the other sessions' commits with it."""
+    for name in ("a", "b", "gone"):
+        (ws.root / "sessions" / name).mkdir(parents=True)
+        (ws.root / "sessions" / name / "history.jsonl").write_text("{}\n")
+    assert commit_paths(ws.root, ["sessions/a"], "a")
+    (ws.root / "sessions" / "a" / "history.jsonl").write_text("{}\n{}\n")
+    subprocess.run(["rm", "-rf", str(ws.root / "sessions" / "gone")], check=True)
+    assert commit_paths(ws.root, ["sessions/a", "sessions/b", "sessions/gone"], "three")
+    assert changed(ws) == ["sessions/a/history.jsonl", "sessions/b/history.jsonl"]
+    # a tracked folder deleted by hand is still committed as deleted
+    subprocess.run(["rm", "-rf", str(ws.root / "sessions" / "b")], check=True)
+    assert commit_paths(ws.root, ["sessions/b", "sessions/gone"], "b gone")
+    assert changed(ws) == ["sessions/b/history.jsonl"]
+    assert not commit_paths(ws.root, ["sessions/gone"], "nothing")
+
+
+def test_a_failed_commit_is_tried_again(ws, monkeypatch):
+    """A commit that failed (here: a person's git holds the branch's lock) dropped its paths until the
+    session's next turn (a finished session has none). Now they go with the next try; the error is said
+    once, as it happens; a flush does not wait out its timeout for a commit that cannot be made yet."""
+    import time
+
+    monkeypatch.setattr(gitops.Committer, "RETRY_S", 0.3)
+    said = []
+    committer = gitops.Committer(ws.root, log=said.append)
+    (ws.root / "sessions" / "a").mkdir(parents=True)
+    (ws.root / "sessions" / "a" / "history.jsonl").write_text("{}\n")
+    branch = subprocess.run(["git", "-C", str(ws.root), "symbolic-ref", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    lock = ws.root / ".git" / f"{branch}.lock"
+    lock.write_text("")
+    try:
+        committer.request("sessions/a", "turn 1")
+        started = time.monotonic()
+        committer.flush(timeout=30)
+        assert time.monotonic() - started < 10
+        time.sleep(1)  # more tries, failing the same way: said once
+        assert len(said) == 1 and ".lock" in said[0] and committer.errors == [said[0].split(" s): ", 1)[1]]
+        assert subject(ws) != "sessions/a: turn 1"
+    finally:
+        lock.unlink()
+    deadline = time.monotonic() + 10
+    while subject(ws) != "sessions/a: turn 1" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    committer.close()
+    assert subject(ws) == "sessions/a: turn 1" and changed(ws) == ["sessions/a/history.jsonl"]

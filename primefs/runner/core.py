@@ -194,7 +194,7 @@ class Runner:
             threading.Thread(target=self.guarded, args=("the sandbox check", self._say_sandbox), daemon=True,
                              name="primefs-sandbox-check").start()
             self.toolbox.start()
-            self.turns.committer = Committer(self.ws.root)
+            self.turns.committer = Committer(self.ws.root, log=self.log)
             if not once:  # a runner that keeps running: from its configuration alone, as early as can be
                 self.guarded("a warm-up", self._warm_up, False)
             self.recover()
@@ -307,9 +307,7 @@ class Runner:
         self.intake.commit_hand_edits()
         committer = self.turns.committer
         if committer is not None:
-            committer.close()
-            for err in committer.errors:
-                self.log(f"warning: git commit failed: {err}")
+            committer.close()  # (a failed commit was said as it failed)
         try:
             state_path(self.ws).unlink()
         except OSError:

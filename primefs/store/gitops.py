@@ -154,8 +154,11 @@ def commit_paths(root: Path, paths: list[str], message: str, *, harness: bool = 
     The commit is built in a private index (.primefs/git-index, kept equal to HEAD) rather than with
     `git commit -- paths`, which refreshes every entry of the index (a stat of every file of every
     session: 0.2 s a commit at 10,000 sessions). The user's index gets these paths as committed."""
-    spec, rooms = pathspec(paths, harness), rooms_of(paths)
     with commit_lock(root):
+        paths = known_paths(root, paths)
+        if not paths:
+            return False
+        spec, rooms = pathspec(paths, harness), rooms_of(paths)
         git(root, "add", "-A", "--", *spec, *(f":(exclude){r}" for r in rooms))  # rooms: room_entries
         lines = room_entries(root, rooms)
         if lines:
@@ -166,6 +169,18 @@ def commit_paths(root: Path, paths: list[str], message: str, *, harness: bool = 
         except subprocess.CalledProcessError:  # HEAD moved under us, or our index is damaged: once more
             index.forget()
             return index.commit(spec, message)
+
+
+def known_paths(root: Path, paths: list[str]) -> list[str]:
+    """These paths less those neither on disk nor in git's index (a session folder deleted before its first
+    commit): `git add` refuses a whole batch, the other sessions' paths with it, for one pathspec that
+    matches nothing."""
+    gone = [p for p in paths if not os.path.lexists(os.path.join(root, p))]
+    if not gone:
+        return list(paths)
+    tracked = git(root, "ls-files", "-z", "--", *gone).stdout.split("\0")
+    keep = {p for p in gone if any(t == p or t.startswith(p + "/") for t in tracked if t)}
+    return [p for p in paths if p not in gone or p in keep]
 
 
 def commit_cut_off(root: Path) -> list[str]:
@@ -305,9 +320,10 @@ class Committer:
 
     EVERY_S = 0.5
     SHARE = 3
+    RETRY_S = 10.0  # after a failed commit
     GC_EVERY = 100  # commits between two looks at git's upkeep (pack_loose)
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, log=lambda msg: None):
         self.root = Path(root)
         self._pending: dict[str, str] = {}  # path -> reason
         self._marks: dict[str, Mark] = {}   # path -> the session it is for
@@ -318,7 +334,9 @@ class Committer:
         self._last = 0.0  # monotonic time of the last commit's end
         self._gap = self.EVERY_S  # from then to the next
         self._commits = 0
-        self.errors: list[str] = []
+        self._attempts = 0  # commits tried
+        self.errors: list[str] = []  # the last distinct failures
+        self.log = log
         ignore_runtime(self.root)
         self._thread = threading.Thread(target=self._loop, name="primefs-committer", daemon=True)
         self._thread.start()
@@ -341,33 +359,57 @@ class Committer:
                     self._cond.wait(self._last + self._gap - time.monotonic())
                 self._now = False
                 batch, self._pending = self._pending, {}
-                marks = [self._marks.pop(p) for p in batch if p in self._marks]
+                marks = {p: self._marks.pop(p) for p in batch if p in self._marks}
                 self._busy = True
-            started = time.monotonic()
+            started, error = time.monotonic(), None
             try:
                 # the subject names the sessions; the body keeps one line per path with the full id
                 lines = sorted(f"{p}: {r}" for p, r in batch.items())
-                commit_paths(self.root, sorted(batch), subject_for(marks, lines) + "\n\n" + "\n".join(lines))
+                commit_paths(self.root, sorted(batch), subject_for(list(marks.values()), lines) + "\n\n" +
+                             "\n".join(lines))
                 self._commits += 1
-                if self._commits % self.GC_EVERY == 0:  # (in this thread, and within git's share of the time)
-                    pack_loose(self.root)
             except subprocess.CalledProcessError as exc:
-                self.errors.append((exc.stderr or str(exc)).strip())
+                error = (exc.stderr or str(exc)).strip()
             except Exception as exc:  # the committer thread must outlive any one failure
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._gap = max(self.EVERY_S, self.SHARE * (time.monotonic() - started))
-                    self._last = time.monotonic()
-                    self._cond.notify_all()
+                error = f"{type(exc).__name__}: {exc}"
+            if not error and self._commits % self.GC_EVERY == 0:  # (in this thread, within git's share of the time)
+                try:
+                    pack_loose(self.root)
+                except Exception:  # noqa: BLE001 - upkeep: tried again GC_EVERY commits later
+                    pass
+            with self._cond:
+                self._busy = False
+                self._attempts += 1
+                self._gap = max(self.EVERY_S, self.SHARE * (time.monotonic() - started))
+                self._last = time.monotonic()
+                if error:
+                    self._failed(batch, marks, error)
+                self._cond.notify_all()
+
+    def _failed(self, batch: dict, marks: dict, error: str) -> None:
+        """A commit that failed (another git held the index's lock, a file git refused): its paths go with
+        the next batch, RETRY_S later (what was requested since keeps its newer reason). Each error is said
+        once, as it happens."""
+        for p, reason in batch.items():
+            self._pending.setdefault(p, reason)
+            if p in marks:
+                self._marks.setdefault(p, marks[p])
+        self._gap = max(self._gap, self.RETRY_S)
+        if error not in self.errors:
+            self.errors = [*self.errors[-19:], error]
+            self.log(f"warning: git commit failed (tried again in {self.RETRY_S:g} s): {error}")
 
     def flush(self, timeout: float = 60) -> None:
+        """Commit what is pending now; returns once done, or once a try of it failed (its paths stay
+        pending), or after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         with self._cond:
             self._now = True
+            tried = self._attempts + (1 if self._busy else 0)  # (a commit under way holds none of what waits)
             self._cond.notify_all()
             while (self._pending or self._busy) and time.monotonic() < deadline:
+                if self._attempts > tried and not self._busy:
+                    return  # tried since, and failed: its paths wait for a retry (or the next runner's start)
                 self._cond.wait(0.1)
 
     def close(self) -> None:
