@@ -100,6 +100,7 @@ def test_dormant_sessions_cost_stats_not_listings(ws, monkeypatch):
     monkeypatch.setattr(alive, "RACY_S", 0.0)  # (the copies were all just made: their times count as recent)
     run = Runner(ws, log=lambda m: None)
     run.alive.start()
+    run.alive.settle_changed()  # (as the runner does after its start: their marks stored)
     assert not run.alive.awake and len(run.alive.dormant) == len(session_ids(ws.sessions))
     listed = []
     real = os.listdir

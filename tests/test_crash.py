@@ -86,3 +86,70 @@ def test_sigkill_during_a_burst_of_200_mail_deliveries(ws):
     turns = [e for e in events if e["type"] == "turn_start"]
     assert 1 < len(turns) <= 201  # a message never starts two turns (several may share one)
     assert s.reload()["status"] == "idle"
+
+
+def rooms_hold(ws, name: str) -> bool:
+    return any((s.dir / "work" / name).exists() for s in list_sessions(ws.sessions))
+
+
+def named(ws, name: str):
+    return next(s for s in list_sessions(ws.sessions) if s.meta.get("name") == name)
+
+
+def test_sigkill_after_the_answer_before_the_turns_end(ws):
+    """The runner killed between a turn's answer (status saved) and the turn's end (the goal's verdict,
+    turn_end, the commit): the next runner does the end. Before, the session looked finished and an
+    autonomous goal never took its next turn. Here it is killed while the end condition runs."""
+    (ws.root / "s.yaml").write_text("rules:\n  - match: '^Auto'\n    replies:\n"
+                                    "      - text: first answer\n      - text: second answer\n")
+    ws = configure(ws, model="scripted/s.yaml")
+    (ws.goals / "auto.md").write_text(
+        "---\nautonomous: true\nbudget:\n  turns: 2\nend_conditions:\n"
+        "- command: 'test -e again || { touch again; sleep 60; }; exit 1'\n---\nAuto job\n")
+    sigkill_runner_when(ws, lambda: rooms_hold(ws, "again"), what="the end condition running")
+    s = named(ws, "auto")
+    assert s.reload()["status"] == "idle" and not s.events("turn_end")  # answered, its end cut off
+    lines = run_once(ws)
+    assert any("cut off after its answer" in line for line in lines), lines
+    events = assert_history_clean(s)
+    ends = [e for e in events if e["type"] == "turn_end"]
+    assert [(e["turn"], e["outcome"]) for e in ends] == [(1, "idle"), (2, "idle")]
+    assert s.read_result() == "second answer" and s.reload()["stop_reason"] == "budget:turns"
+    st = subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain", "sessions", "goals"], capture_output=True,
+                        text=True).stdout
+    assert st == ""
+
+
+def test_sigkill_in_a_childs_turn_end_still_reports_to_its_parent(ws):
+    """A child killed after its answer, before its result mail went to its parent (here: while its turn-end
+    snapshot pickles a slow object): the next runner ends the child's turn, and the parent gets the result.
+    Before, the parent waited for it for ever."""
+    (ws.root / "s.yaml").write_text(
+        "rules:\n"
+        "  - match: '^Fan'\n"
+        "    replies:\n"
+        "      - code: \"h = rlm('child one')\\nprint(wait(h))\"\n"
+        "      - text: parent done\n"
+        "      - text: parent read its mail\n"
+        "  - match: '^child'\n"
+        "    replies:\n"
+        "      - code: |\n"
+        "          class Slow:\n"
+        "              def __reduce__(self):\n"
+        "                  import time\n"
+        "                  open('pickled', 'w').close()\n"
+        "                  time.sleep(60)\n"
+        "          s = Slow()\n"
+        "      - text: child answer\n")
+    ws = configure(ws, model="scripted/s.yaml", limits={"snapshot": "turn"})
+    write_goal(ws, "Fan out", name="fan")
+    sigkill_runner_when(ws, lambda: rooms_hold(ws, "pickled"), what="the child's turn-end snapshot")
+    parent = named(ws, "fan")
+    child = next(s for s in list_sessions(ws.sessions) if s.meta.get("parent") == parent.id)
+    assert child.reload()["status"] == "idle" and not child.events("turn_end")
+    run_once(ws)
+    assert [e["outcome"] for e in child.events("turn_end")] == ["idle"]
+    results = [e for e in parent.events("message") if e.get("from") == child.id and e.get("kind") == "result"]
+    assert [e["text"] for e in results] == ["child answer"]
+    assert_history_clean(child)
+    assert_history_clean(parent)

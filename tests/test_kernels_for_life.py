@@ -45,7 +45,7 @@ def test_variables_survive_an_idle_shutdown_of_the_kernel(ws):
     assert "shut down while the session was idle" in told and "restored from the snapshot" in told
     assert "x" in told and "math (module)" in told and "sock (TypeError" in told
     kernels = s.events("kernel")
-    assert [k["event"] for k in kernels] == ["started", "stopped", "restarted"] and kernels[0]["pid"] != kernels[2]["pid"]
+    assert [k["event"] for k in kernels][:3] == ["started", "stopped", "restarted"] and kernels[0]["pid"] != kernels[2]["pid"]
 
 
 def test_variables_survive_a_runner_stop(ws):

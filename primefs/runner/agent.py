@@ -96,6 +96,7 @@ class Agent:
         self.pending_notice: str | None = None  # starts the next turn of an autonomous goal
         self.pending_refine: dict | None = None  # refine() asked for during the turn, done at its end
         self.forgotten = False  # let go by the runner (Turns.forget_idle): whoever still holds it asks anew
+        self.open_turn: dict | None = None  # its history's last turn has no turn_end (ensure_conversation)
 
     @property
     def room(self) -> Path:
@@ -160,6 +161,9 @@ class Agent:
             self.messages = rebuild(events, self.tool_mode)
             self.seen_ids = {e.get("id") for e in events if e["type"] == "message"}
             self.turns = sum(1 for e in events if e["type"] == "turn_start" and not e.get("resumed"))
+            last = next((e for e in reversed(events) if e["type"] in ("turn_start", "turn_end")), None)
+            if last is not None and last["type"] == "turn_start":  # no turn_end: a runner stopped in it
+                self.open_turn = {"turn": last.get("turn"), "elapsed_s": round(events[-1]["ts"] - last["ts"], 4)}
             kernels = [e for e in events if e["type"] == "kernel"]
             self.had_kernel = bool(kernels)
             if kernels and kernels[-1].get("event") == "stopped" and self.kernel_gone is None:

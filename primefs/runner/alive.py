@@ -34,6 +34,7 @@ from primefs.runner.inotify import CHANGES, IN_ATTRIB, Inotify
 from primefs.store import mail
 from primefs.store.control import REFINE_FILE, STOP_FILE
 from primefs.store.fsutil import NAME_RE
+from primefs.store.history import turn_cut_off
 from primefs.store.session import broken_goal_line
 from primefs.store.settings import FINISHED
 
@@ -62,6 +63,8 @@ class Alive:
         self.lock = threading.RLock()
         self._next_look = 0.0
         self._next_line_look = 0.0  # the next look at the sessions queued for a slot (scan)
+        self.changed: list[tuple] = []  # (sid, goal, marks if stopped): finished, changed since last seen (start)
+        self._seen: dict = {}  # sid -> marks to store once settle_changed has looked at them
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -78,9 +81,14 @@ class Alive:
             self.tree.link(sid, row["parent"])
             if row["goal"]:
                 self.intake.claimed.add(row["goal"])
-        seen = {}
+        seen, self.changed = {}, []
         for sid, row in rows.items():
-            if row["broken"] or row["status"] == "stopped":
+            if row["broken"]:
+                continue
+            if row["status"] == "stopped":  # never woken; but its last turn's end may have been cut off
+                marks = self._marks(sid)
+                if marks is None or marks != row["marks"]:
+                    self.changed.append((sid, row["goal"], marks))
                 continue
             if row["status"] in ("pending", "running"):
                 self.wake(sid)
@@ -91,12 +99,37 @@ class Alive:
             marks = self._marks(sid)
             if marks is not None and marks == row["marks"]:  # as when last seen settled: nothing came
                 self.dormant[sid] = marks
-            elif marks is None or mail.what_waits(f"{self.ws.sessions}/{sid}"):
+                continue
+            self.changed.append((sid, row["goal"], None))  # (settled: its marks are stored by settle_changed)
+            if marks is None or mail.what_waits(f"{self.ws.sessions}/{sid}"):
                 self.dormant[sid] = None
                 self.look(sid)
             else:
                 self.dormant[sid] = seen[sid] = marks
         self._next_look = time.monotonic() + LOOK_S  # all were just looked at
+        self._seen = seen
+
+    def settle_changed(self) -> None:
+        """After start: the finished sessions that changed since a runner last saw them settled may have been
+        cut off by the runner's end. A turn whose `turn_end` is missing (killed between its answer and the
+        end: the goal's verdict, the result mail to the parent, the commit) is queued: its end is done then
+        (turns.py). Each is committed (a commit queued when a runner was killed is lost with it). Then their
+        marks are stored: the next runner looks at none of this again. One read of each history's tail."""
+        changed, seen, self.changed, self._seen = self.changed, self._seen, [], {}
+        committer = self.turns.committer
+        for sid, goal, marks in changed:
+            if marks is not None:  # a stopped session: woken only for its cut-off end
+                seen[sid] = marks
+            if turn_cut_off(self.ws.sessions / sid / "history.jsonl"):
+                self.log(f"{sid}: its last turn was cut off after its answer; its end is done now")
+                self.wake(sid)
+                self.scheduler.add(sid)
+            elif committer is not None:
+                committer.request(f"sessions/{sid}", "recovered: not committed before a runner stopped")
+                if goal and os.path.lexists(self.ws.root / goal):
+                    committer.request(goal, "recovered: not committed before a runner stopped")
+        if committer is not None and changed:
+            committer.flush()
         if seen:
             with Index(self.ws.root) as index:
                 index.set_marks(seen)

@@ -199,6 +199,11 @@ class Runner:
                 self.guarded("a warm-up", self._warm_up, False)
             self.recover()
             self.recovered.set()
+            if once:  # (its work must be known before --once decides there is none)
+                self.guarded("a look at sessions changed since", self.alive.settle_changed)
+            else:
+                threading.Thread(target=self.guarded, args=("a look at sessions changed since", self.alive.settle_changed),
+                                 daemon=True, name="primefs-settle").start()
             if once:  # what --once will call: its waiting goals and sessions (known after recover)
                 self.guarded("a warm-up", self._warm_up, True)
             self.guarded("heartbeats", self.intake.tick_heartbeats)  # ticks missed meanwhile: one message each

@@ -126,6 +126,10 @@ class Turns:
         status = s.reload().get("status")
         agent.ensure_conversation()
         agent.resuming = False
+        cut_off, agent.open_turn = agent.open_turn, None
+        if cut_off and status not in ("running", "pending"):  # stopped after its answer, before its end
+            self._end_turn(agent, cut_off["turn"], _outcome_of(s), cut_off["elapsed_s"])
+            status = s.reload().get("status")
         if status == "stopped":
             return False
         if agent.stop_requested:  # asked as its last turn ended (turns.stop): no step of a turn saw it
@@ -195,6 +199,11 @@ class Turns:
             s.summary()
             self.commit_session(s, f"turn {turn} interrupted")
             return end
+        return self._end_turn(agent, turn, outcome, elapsed)
+
+    def _end_turn(self, agent: Agent, turn: int, outcome: str, elapsed: float) -> dict:
+        """What follows a turn's last step (also for a turn a runner's stop cut off before this)."""
+        s = agent.session
         if agent.pending_refine:
             request, agent.pending_refine = agent.pending_refine, None
             self.refine(agent, **request)
@@ -292,6 +301,14 @@ class Turns:
             agent.pending_refine = request
             return
         threading.Thread(target=self.refine, args=(agent,), kwargs=request, daemon=True).start()
+
+
+def _outcome_of(s: Session) -> str:
+    """The outcome of a turn whose end was cut off, from the status its last step left."""
+    reason = s.meta.get("stop_reason")
+    if s.status in ("failed", "stopped", "done"):
+        return s.status
+    return reason if reason in ("max_steps", "loop") else "idle"
 
 
 def _unanswered_input(agent: Agent) -> bool:

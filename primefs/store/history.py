@@ -239,6 +239,14 @@ def still_there(f, offset: int, check: str, size: int) -> bool:
     return offset <= size and (offset == 0 or check_at(f, offset) == check)
 
 
+def turn_cut_off(path: Path) -> bool:
+    """Whether the history's last turn has its `turn_start` and no `turn_end` (read from the end)."""
+    for e in latest_events(path):
+        if e["type"] in ("turn_start", "turn_end"):
+            return e["type"] == "turn_start"
+    return False
+
+
 def latest_events(path: Path, chunk: int = 1 << 16) -> Iterator[dict]:
     """The complete events of a history from its end back, read only as far as the caller goes: what
     came since the last turn costs a few kilobytes, not the whole file (which grows for the life of a
