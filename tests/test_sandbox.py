@@ -337,6 +337,35 @@ def test_a_room_that_grows_past_disk_mb_ends_the_kernel(boxed):
         f.unlink()
 
 
+def test_folders_nested_past_the_limit_end_that_kernel_and_no_other_watch(boxed):
+    """A kernel nesting folders 1,200 deep made the watch of every kernel's disk and CPU limits die of a
+    RecursionError (found by an attack). Now that kernel is ended, and the watch goes on for the others;
+    its room's deep folders sink no commit either (they are listed, not entered, past MAX_DEPTH)."""
+    from dataclasses import replace
+
+    from primefs.store.fsutil import MAX_DEPTH
+    from primefs.store.gitops import commit_paths
+
+    k = boxed.host.start(replace(boxed.spec, sandbox={**boxed.spec.sandbox, "disk_mb": 50, "cpu_s": 60}))
+    r = k.execute("import os, time\nfd = os.open('.', os.O_RDONLY)\nfor _ in range(1200):\n"
+                  "    os.mkdir('d', dir_fd=fd); new = os.open('d', os.O_RDONLY, dir_fd=fd); os.close(fd); fd = new\n"
+                  "time.sleep(30)", timeout=60)
+    assert r.died and f"deeper than {MAX_DEPTH}" in (k.lost or ""), (r, k.lost)
+    room = k.spec.rooms[0]
+    root = room.parents[2]  # the workspace: sessions/<id>/work
+    if not (root / ".git").exists():
+        subprocess.run(["git", "init", "-q", str(root)], check=True)
+    rel = str(room.parent.relative_to(root))
+    assert commit_paths(root, [rel], "a deep room")
+    other = boxed.host.start(replace(boxed.spec, sandbox={**boxed.spec.sandbox, "disk_mb": 2, "cpu_s": 60}))
+    r = other.execute("import time\nfor i in range(20):\n    open(f'g{i}', 'wb').write(b'x' * 900_000)\n"
+                      "    time.sleep(0.3)", timeout=30)
+    assert r.died and "disk_mb" in (other.lost or ""), (r, other.lost)  # the watch lives on
+    subprocess.run(["rm", "-rf", str(room / "d")], check=True)  # (shutil.rmtree recurses: 1,200 deep is too deep)
+    for f in room.glob("g*"):
+        f.unlink()
+
+
 def test_other_processes_of_the_same_uid_do_not_count_against_a_kernel(boxed):
     """The process cap counts the kernel's own processes: 250 of the same uid elsewhere change nothing."""
     uid = 65534 if os.getuid() == 0 else os.getuid()

@@ -134,3 +134,37 @@ def test_a_worktree_removed_unchanged_is_made_again_for_the_next_turn(ws, repo, 
     wt = s.reload()["worktree"]
     assert s.read_result() == "made c" and wt["changed"] == ["c.py"] and not wt.get("removed")
     assert git(repo, "show", f"{wt['branch']}:c.py") == "c = 3\n"
+
+
+def test_a_link_the_kernel_puts_in_its_worktrees_place_is_not_written_through(ws, repo, tmp_path):
+    """An attacker's kernel waits for its unchanged worktree to be removed at its turn end, then puts a link
+    to an empty folder elsewhere (another session's mail/new, say) in its place. Before, the next turn's
+    `git worktree add` wrote the checkout through the link, as the runner: mail "from the user"."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    plant = ("import os, threading, time\n"
+             "def plant():\n"
+             "    while os.path.exists('worktree'):\n"
+             "        time.sleep(0.02)\n"
+             f"    os.symlink({str(victim)!r}, 'worktree')\n"
+             "threading.Thread(target=plant, daemon=True).start()")
+    ws = scripted(ws, {"^Look": [{"code": plant}, {"text": "nothing to do"},
+                                 {"code": "print(sorted(os.listdir('worktree')))"}, {"text": "looked"}]})
+    assert cli(ws, "goal", "Look around", "--name", "look", "--worktree", str(repo)).returncode == 0
+    run_once(ws)
+    [s] = list_sessions(ws.sessions)
+    room = s.dir / "work"
+    assert s.reload()["worktree"]["removed"]
+    for _ in range(200):  # the kernel's thread plants it once the runner removed the worktree
+        if (room / "worktree").is_symlink():
+            break
+        import time
+        time.sleep(0.05)
+    else:  # the kernel is gone with the runner: plant it as it would have
+        (room / "worktree").symlink_to(victim)
+    mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="look again")
+    run_once(ws)
+    assert list(victim.iterdir()) == []
+    assert s.read_result() == "looked" and "'a.py', 'b.py'" in s.events("cell")[-1]["output"]  # a real worktree
+    assert not (room / "worktree").exists()  # unchanged again: removed again
+    assert not list(s.dir.glob(".worktree-*"))

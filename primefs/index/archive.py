@@ -168,7 +168,7 @@ def _write_zip(ws, stage: Path, journal: dict) -> None:
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as z:
         for sid in journal["sessions"]:
             z.writestr(f"sessions/{sid}/", b"")
-            for rel, kind, st, value in walk_tree(stage / sid):  # never through a link
+            for rel, kind, st, value in walk_tree(stage / sid, deep="raise"):  # never through a link; all or none
                 top = rel.split("/", 1)[0]
                 if top in RUNTIME or rel.startswith("mail/tmp") or rel.endswith(".tmp"):
                     continue

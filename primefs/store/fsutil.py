@@ -47,25 +47,47 @@ def open_regular(path, mode: str = "rb", follow: bool = False):
         raise
 
 
-def walk_tree(top):
+MAX_DEPTH = 256  # folders nested deeper are listed, not entered (walk_tree)
+
+
+class TooDeep(OSError):
+    """Folders nested deeper than MAX_DEPTH (walk_tree with deep="raise")."""
+
+
+def walk_tree(top, deep: str = "skip"):
     """Everything below the folder `top` as (relative path, kind, st, value), read through folder
     descriptors so that nothing is reached through a link, even one swapped in while the walk runs (a
     live kernel may be changing its room): kind "dir"; "file" (value: a function that opens it, binary,
     to be called before the next item); "link" (value: its target, never followed); "other" (FIFOs,
-    sockets, devices: never opened). Folders that are links are listed as links, not entered."""
-    for folder, dirs, files, dirfd in os.fwalk(top, follow_symlinks=False):
-        rel = os.path.relpath(folder, top)
-        base = "" if rel == "." else rel + "/"
-        if base:
-            yield base.rstrip("/"), "dir", os.fstat(dirfd), None
-        for name in sorted(dirs + files):
-            try:
-                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-            except OSError:
-                continue  # gone meanwhile
+    sockets, devices: never opened). Folders that are links are listed as links, not entered. A loop,
+    not a recursion: a kernel's folders nested thousands deep cannot crash its reader; those deeper than
+    MAX_DEPTH are listed and not entered (`deep="skip"`), or raise TooDeep (`deep="raise"`). At most one
+    open descriptor per level."""
+    try:
+        topfd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    levels = [(topfd, "", iter(_listing(topfd)))]  # one per folder being read: its fd, its path, entries left
+    try:
+        while levels:
+            dirfd, base, entries = levels[-1]
+            name, st = next(entries, (None, None))
+            if name is None:
+                os.close(levels.pop()[0])
+                continue
             if stat.S_ISDIR(st.st_mode):
-                continue  # entered by fwalk (and listed there)
-            if stat.S_ISLNK(st.st_mode):
+                yield base + name, "dir", st, None
+                if len(levels) > MAX_DEPTH:
+                    if deep == "raise":
+                        raise TooDeep(errno.ELOOP, f"folders nested deeper than {MAX_DEPTH}", base + name)
+                    continue
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                                 dir_fd=dirfd)
+                except OSError:
+                    continue  # gone, or a link swapped in: not entered
+                levels.append((fd, base + name + "/", iter(_listing(fd))))
+            elif stat.S_ISLNK(st.st_mode):
                 try:
                     yield base + name, "link", st, os.readlink(name, dir_fd=dirfd)
                 except OSError:
@@ -74,6 +96,26 @@ def walk_tree(top):
                 yield base + name, "file", st, _opener(name, dirfd)
             else:
                 yield base + name, "other", st, None
+    finally:
+        for fd, _base, _names in levels:
+            os.close(fd)
+
+
+def _listing(dirfd: int) -> list[tuple]:
+    """(name, lstat) of a folder's entries: its files, links and others by name, then its folders by name
+    (the order os.fwalk gave, top-down: what trust.py hashes stays the same)."""
+    out = []
+    try:
+        names = os.listdir(dirfd)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            out.append((name, os.stat(name, dir_fd=dirfd, follow_symlinks=False)))
+        except OSError:
+            continue  # gone meanwhile
+    out.sort(key=lambda e: (stat.S_ISDIR(e[1].st_mode), e[0]))
+    return out
 
 
 def _opener(name: str, dirfd: int):

@@ -71,13 +71,24 @@ def ensure(ws, session) -> dict:
     repo = Path(wt["repo"] if isinstance(wt, dict) else wt)
     branch, path = f"primefs/{session.id}", session.dir / "work" / FOLDER
     path.parent.mkdir(exist_ok=True)
+    # The room is the kernel's: a link it put at `path` would have git write the checkout through it, as the
+    # runner (into another session's mail, anywhere). So the worktree is made in the session's own folder,
+    # which no kernel can write, and moved into the room: a rename replaces no link and follows none.
+    made = Path(tempfile.mkdtemp(prefix=".worktree-", suffix=".tmp", dir=session.dir))  # (ignored by git)
+    os.rmdir(made)  # (git makes it: a name no one else can take, in a folder no kernel writes)
     try:
+        if path.is_symlink():
+            path.unlink()
         git(repo, "worktree", "prune")
         base = git(repo, "rev-parse", "HEAD").stdout.strip()
         has_branch = not git(repo, "rev-parse", "--verify", "-q", f"refs/heads/{branch}", check=False).returncode
-        git(repo, "worktree", "add", *(() if has_branch else ("-b", branch)), str(path),
+        git(repo, "worktree", "add", *(() if has_branch else ("-b", branch)), str(made),
             branch if has_branch else base)
+        git(repo, "worktree", "move", str(made), str(path))
     except (subprocess.CalledProcessError, OSError) as exc:  # the repository moved, or git refused
+        if made.is_dir():
+            shutil.rmtree(made, ignore_errors=True)
+            git(repo, "worktree", "prune", check=False)
         raise PrimefsError(f"worktree of {repo}: {(getattr(exc, 'stderr', '') or str(exc)).strip()[:500]}") from None
     info = {"repo": str(repo), "branch": branch, "base": base, "path": str(path), "gitdir": _admin_dir(repo, path),
             "changed": [], "overlaps": {}}

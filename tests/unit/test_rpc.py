@@ -35,3 +35,58 @@ def test_a_full_backlog_is_waited_out_not_a_failure(tmp_path):
     caller.join(30)
     assert got == ["hello from t"]
     server.close()
+
+
+def test_slow_and_many_requests_hold_neither_memory_nor_files(tmp_path, monkeypatch):
+    """A kernel is untrusted: a byte of its request every few seconds held a connection for ever (the timeout
+    was per read), and thousands of such connections took every file the runner may open; a few huge ones
+    took gigabytes. Now a request must arrive whole in READ_TIMEOUT_S, and past MAX_READING connections (or
+    MAX_READING_BYTES) still arriving, a new one is refused at once; the others are served."""
+    import time
+
+    from primefs.kernels.inside import rpc
+
+    monkeypatch.setattr(rpc, "READ_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(rpc, "MAX_READING", 3)
+    monkeypatch.setattr(rpc, "MAX_READING_BYTES", 3 * rpc.CHUNK)
+    server = RpcServer(tmp_path / "rpc", lambda token, pid, op, args: f"{op} from {token}")
+
+    def slow() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(server.path))
+        s.sendall(b'{"token": "t", ')
+        return s
+
+    try:
+        drips = [slow() for _ in range(3)]
+        time.sleep(0.2)  # (all three being read)
+        with pytest.raises(rpc.RpcError, match="too many requests at once"):
+            call(str(server.path), "t", "hello", timeout=5)
+        started = time.monotonic()
+        for s in drips:  # a byte now and then does not keep it: closed after 1 s in all
+            try:
+                while not _readable(s) and time.monotonic() - started < 10:
+                    s.sendall(b" ")
+                    time.sleep(0.1)
+            except OSError:  # (closed between two looks)
+                pass
+            s.close()
+        assert time.monotonic() - started < 6
+        assert call(str(server.path), "t", "hello", timeout=5) == "hello from t"
+        big = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # more bytes than all may hold at once
+        big.connect(str(server.path))
+        try:
+            big.sendall(b'{"token": "' + b"x" * (4 * rpc.CHUNK))
+        except OSError:  # refused part way, its connection closed
+            pass
+        assert b"request over" in big.recv(4096)
+        big.close()
+        assert call(str(server.path), "t", "hello", timeout=5) == "hello from t"
+    finally:
+        server.close()
+
+
+def _readable(s: socket.socket) -> bool:
+    import select
+
+    return bool(select.select([s], [], [], 0)[0])

@@ -21,7 +21,12 @@ from primefs.errors import PrimefsError
 
 Handler = Callable[[str, int, str, dict], object]  # (token, caller pid, op, args) -> JSON-able result
 MAX_REQUEST_BYTES = 512 * 1024 * 1024  # a request is one line: an rlm() context travels in it
-READ_TIMEOUT_S = 30.0
+READ_TIMEOUT_S = 30.0  # for the whole request line, not for each read: a byte now and then holds nothing
+# Requests still arriving, over all connections (a kernel is untrusted: slow or huge requests by the thousand
+# took the runner's memory and every file descriptor it may open): past either, a new one is refused at once.
+MAX_READING = 256
+MAX_READING_BYTES = MAX_REQUEST_BYTES
+CHUNK = 1 << 20
 
 
 class RpcError(Exception):
@@ -56,18 +61,34 @@ class RpcServer:
             pass
         outer = self
 
+        self.lock = threading.Lock()
+        self.reading = 0  # connections whose request is still arriving
+        self.reading_bytes = 0  # what they sent so far
+
         class Conn(socketserver.StreamRequestHandler):
             timeout = READ_TIMEOUT_S  # a caller that connects and says nothing holds no thread for long
 
             def handle(self):
+                with outer.lock:
+                    busy = outer.reading >= MAX_READING
+                    outer.reading += not busy
+                if busy:
+                    self._reply(error_reply(RuntimeError("the runner is reading too many requests at once; "
+                                                         "try again")))
+                    return
+                held = [0]
                 try:
-                    line = self.rfile.readline(MAX_REQUEST_BYTES + 1)
-                except OSError:
+                    line = self._read_line(held)
+                except (OSError, ValueError) as exc:  # slow, huge, or cut off
+                    if not isinstance(exc, ValueError):
+                        return
+                    self._reply(error_reply(exc))
                     return
+                finally:
+                    with outer.lock:
+                        outer.reading -= 1
+                        outer.reading_bytes -= held[0]
                 if not line:
-                    return
-                if len(line) > MAX_REQUEST_BYTES or not line.endswith(b"\n"):
-                    self._reply(error_reply(ValueError(f"request over {MAX_REQUEST_BYTES:,} bytes, or cut off")))
                     return
                 self.connection.settimeout(None)  # the answer may take hours (wait(), recv())
                 try:
@@ -78,6 +99,31 @@ class RpcServer:
                 except Exception as exc:  # becomes an exception in the cell, not a runner crash
                     reply = error_reply(exc)
                 self._reply(reply)
+
+            def _read_line(self, held: list) -> bytes:
+                """The request line, within READ_TIMEOUT_S in all; its bytes counted in outer.reading_bytes
+                (held[0]) while it arrives."""
+                deadline = time.monotonic() + READ_TIMEOUT_S
+                chunks = []
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("the request did not arrive in time")
+                    self.connection.settimeout(left)  # (recv, not a buffered readline: its reads each wait)
+                    chunk = self.connection.recv(CHUNK)
+                    if not chunk:
+                        return b""  # the caller went away, or cut its request off
+                    with outer.lock:
+                        over = outer.reading_bytes + len(chunk) > MAX_READING_BYTES
+                        if not over:
+                            outer.reading_bytes += len(chunk)
+                            held[0] += len(chunk)
+                    if over or held[0] > MAX_REQUEST_BYTES:
+                        raise ValueError(f"request over {MAX_REQUEST_BYTES:,} bytes (with the others arriving)")
+                    chunks.append(chunk)
+                    if b"\n" in chunk:  # (one request per connection: nothing follows its line)
+                        line = b"".join(chunks)
+                        return line[:line.index(b"\n") + 1]
 
             def _reply(self, reply: dict) -> None:
                 try:
