@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from attack import run_attack
-from conftest import cli, configure, run_once
+from conftest import BackgroundRunner, cli, configure, run_once, wait_for
 from test_sandbox import as_nobody  # noqa: F401 - the fixture
 
 from primefs.store import mail, trust
@@ -285,3 +285,26 @@ def test_a_skill_a_kernel_wrote_runs_with_more_rights_only_once_trusted(ws, scri
     mail.deliver(free.mail, sender="user", to=free.id, kind="user", text="again")
     run_once(ws)
     assert free.events("cell")[-1]["output"] == "imported hi\n"
+
+
+def test_a_kernel_cannot_hold_the_commit_lock(ws, scripted):
+    """A kernel that flock()ed .primefs/commit.lock (an open file can be locked, a read-only one too)
+    stopped every commit of the workspace, and a person's `harness put` with them (found by an attack).
+    Sandboxed kernels now see an empty file in its place, and only its owner may open it."""
+    ws = scripted("- code: |\n    import fcntl, os\n    try:\n        HELD = open('../../../.primefs/commit.lock', 'rb')\n"
+                  "        fcntl.flock(HELD, fcntl.LOCK_EX | fcntl.LOCK_NB)\n        print('locked', os.fstat("
+                  "HELD.fileno()).st_size)\n    except OSError as exc:\n        print('refused', type(exc).__name__)\n"
+                  "- text: holding it\n")
+    write_goal(ws, "Hold the lock", name="holder")
+    (ws.root / ".primefs" / "commit.lock").touch()  # (as after any commit: an earlier primefs made it 0644)
+
+    def log() -> str:
+        return subprocess.run(["git", "-C", str(ws.root), "log", "--format=%s"], capture_output=True, text=True).stdout
+
+    with BackgroundRunner(ws):  # its kernel lives on, idle, holding what it could lock
+        s = wait_for(lambda: next(iter(list_sessions(ws.sessions)), None))
+        wait_for(lambda: s.read_result() == "holding it", what="the turn")
+        wait_for(lambda: "turn 1 idle: holder" in log(), timeout=20, what="the turn's commit, the kernel alive")
+    out = s.events("cell")[0]["output"]
+    assert out.startswith(("locked 0", "refused")), out  # /dev/null in its place, or not to be opened at all
+    assert (ws.root / ".primefs" / "commit.lock").stat().st_mode & 0o777 == 0o600

@@ -26,6 +26,7 @@ from primefs.runner.toolbox import ToolBox
 from primefs.runner.tree import SessionTree
 from primefs.store import livefeed, trust, worktrees
 from primefs.store.conversation import code_of_call, fenced_code, rebuild, to_messages
+from primefs.store.gitops import lock_file
 from primefs.store.session import Session
 from primefs.store.settings import Limits, check_sandbox
 from primefs.tools.registry import render_for_prompt as render_tools
@@ -62,7 +63,8 @@ def kernel_spec(agent: Agent) -> KernelSpec:
                              "context_data": meta.get("context_data"), "skill_dirs": skill_dirs,
                              "skills_refused": refused,
                              "tools": [t.spec() for t in agent.tools()], "plugins_dir": str(ws.plugins)},
-                      resources=dict(meta.get("resources") or {}), sandbox=box, hidden=key_files(ws.config))
+                      resources=dict(meta.get("resources") or {}), sandbox=box,
+                      hidden=[*key_files(ws.config), str(lock_file(ws.root))])
 
 
 class Agent:

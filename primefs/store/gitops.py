@@ -20,11 +20,23 @@ from primefs.store.fsutil import walk_tree
 from primefs.store.workspace import git_env
 
 
+def lock_file(root: Path) -> Path:
+    """.primefs/commit.lock, made if missing; only its owner may open it, and sandboxed kernels see an empty
+    file in its place (agent.kernel_spec): a kernel holding it would stop every commit of the workspace."""
+    path = Path(root) / ".primefs" / "commit.lock"
+    path.parent.mkdir(exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # (made 0644 by an earlier primefs)
+    finally:
+        os.close(fd)
+    return path
+
+
 @contextmanager
 def commit_lock(root: Path):
-    lock_path = Path(root) / ".primefs" / "commit.lock"
-    lock_path.parent.mkdir(exist_ok=True)
-    with open(lock_path, "w") as f:
+    with open(lock_file(root), "r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             _clear_stale_index_lock(Path(root))
