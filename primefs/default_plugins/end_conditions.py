@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from primefs import hookimpl
+from primefs.store.fsutil import read_regular
 
 REPORT_CHARS = 4000  # what the model sees of a failing command: the last 4,000 characters
 EVIDENCE_CHARS = 20_000  # of each piece of evidence shown to a judge (head and tail kept)
@@ -60,7 +61,7 @@ def judge(arg, ctx) -> tuple[bool, str]:
         root = Path(ctx["workspace"]).resolve()
         p = (Path(ctx["room"]) / str(rel)).resolve()
         try:
-            text = p.read_text(errors="replace") if p.is_relative_to(root) else "(outside the workspace)"
+            text = read_regular(p) if p.is_relative_to(root) else "(outside the workspace)"  # (a FIFO: refused)
         except OSError as exc:
             text = f"(cannot be read: {exc.strerror or exc})"
         parts.append((f"file {rel}", text))

@@ -24,13 +24,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+from primefs.store.fsutil import read_regular
+
 EXHAUSTED = {"text": "(script exhausted)"}
 
 
 def load_script(path: str | Path) -> dict:
     from ruamel.yaml import YAML
 
-    text = Path(path).read_text(encoding="utf-8")
+    text = read_regular(path)  # (a FIFO a kernel named as its model's script: refused, not waited on)
     data = YAML(typ="safe").load(text) if not str(path).endswith(".json") else json.loads(text)
     return normalize_script(data)
 

@@ -44,14 +44,15 @@ class ScriptedProvider:
             raise ModelError(f"script file not found: {path}", retryable=False)
         with self._lock:
             cached = self._cache.get(path)
-            if cached and cached[0] == mtime:
-                return cached[1]
-            try:
-                script = load_script(p)
-            except Exception as exc:
-                raise ModelError(f"bad script file {path}: {exc}", retryable=False)
+        if cached and cached[0] == mtime:
+            return cached[1]
+        try:  # (not under the lock: one slow file, which a kernel may name, must not hold every session's call)
+            script = load_script(p)
+        except Exception as exc:
+            raise ModelError(f"bad script file {path}: {exc}", retryable=False)
+        with self._lock:
             self._cache[path] = (mtime, script)
-            return script
+        return script
 
     def complete(self, messages, tools, settings) -> ModelReply:
         reply = next_reply(self._script(script_path(settings)), messages)
