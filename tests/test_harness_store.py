@@ -386,3 +386,25 @@ def test_revert_reports_a_git_failure_whole_and_leaves_the_tree(ws, h):
     assert "gpg failed to sign the data" in msg and "failed to write commit object" in msg  # not cut
     assert "\n" not in msg and "hint:" not in msg
     assert head(ws) == sha and clean(ws) and h.get("note", "n").body == "hello\n"
+
+
+def test_an_agent_may_not_change_what_a_person_wrote(ws, h):
+    """A kernel (source "agent") replaced a skill a person had made, and every session that imported it ran
+    the kernel's code as itself (found by an attack). Entries a person wrote (`harness put`, or by hand)
+    are the person's: an agent may add its own, and change its own and other agents'."""
+    h.put("skill", "greet", "Say hello.", description="Greets", files={"greet.py": "def hello():\n    return 'hi'\n"},
+          source="user")
+    (ws.harness / "notes" / "hand.md").write_text("---\nname: hand\n---\nWritten by hand.\n")
+    harness.commit_user_edits(ws)
+    before = head(ws)
+    for change in (lambda: h.put("skill", "greet", None, files={"greet.py": "import os\n"}, session="s1"),
+                   lambda: h.put("note", "hand", "Rewritten.", session="s1"),
+                   lambda: h.delete("skill", "greet", session="s1"),
+                   lambda: h.delete("note", "hand", session="s1")):
+        with pytest.raises(PrimefsError, match="written by a person"):
+            change()
+    assert head(ws) == before and "return 'hi'" in (ws.harness / "skills" / "greet" / "greet.py").read_text()
+    h.put("note", "mine", "An agent's note.", session="s1")
+    assert h.put("note", "mine", "Another agent's edit.", session="s2") is not None
+    assert h.delete("note", "mine", session="s2") is not None
+    assert h.put("note", "hand", "The person's edit.", source="user") is not None  # the person, always

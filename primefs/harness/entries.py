@@ -84,6 +84,18 @@ class Harness:
                 raise PrimefsError(f"{kind}/{name} is locked (primefs.yaml harness.locked: {pattern}): only a person "
                                    "may edit it")
 
+    def _persons(self, path: Path, md: Path) -> bool:
+        """Whether a person wrote this entry (`harness put`, or by hand: no `primefs:` stamp). A kernel
+        (source "agent") may add entries and change its own and other agents', never a person's: a skill a
+        person made, replaced by a kernel, ran that kernel's code in every session importing it, as that
+        session (found by an attack)."""
+        if not os.path.lexists(path):
+            return False
+        stamp = None
+        if md.is_file() and not md.is_symlink():
+            stamp = frontmatter.read(md, self._rel(md), root=self.root)[0].get("primefs")  # broken: raised
+        return not isinstance(stamp, dict) or stamp.get("source") == "user"
+
     # -- locations ----------------------------------------------------------------------------------
     def _base(self, scope: str, session: str | None) -> Path:
         if scope == "global":
@@ -209,6 +221,7 @@ class Harness:
         md = path / SKILL_FILE if kind == "skill" else path
         with commit_lock(self.root):
             self.git.commit_hand_edits([self._rel(path)])
+            persons = source == "agent" and self._persons(path, md)
             existing = md.exists()
             if existing:
                 meta, old_body = frontmatter.read(md, self._rel(md), root=self.root)  # broken: raise, never overwrite
@@ -223,6 +236,8 @@ class Harness:
             text = body if body is not None else old_body
             if existing and _content(meta, text) == before and _same_files(path, files):
                 return None  # only the timestamp and provenance would change: not worth a commit
+            if persons:
+                raise _persons_error(kind, name)
             _stamp(meta, source, session)
             _write_entry(md, path, meta, text, files)
             line = summary(description or meta.get("description") or text)
@@ -241,6 +256,8 @@ class Harness:
             if not path.exists():
                 raise PrimefsError(f"no {scope} {kind} {name!r} (looked for {self._rel(path)})")
             self.git.commit_hand_edits([self._rel(path)])
+            if source == "agent" and self._persons(path, path / SKILL_FILE if kind == "skill" else path):
+                raise _persons_error(kind, name)
             shutil.rmtree(path) if path.is_dir() else path.unlink()
             return self.git.commit([self._rel(path)], f"harness({kind}/{name}): delete", trailers)
 
@@ -256,6 +273,11 @@ class Harness:
 
     def record_outcome(self, sha: str, outcome: str, note: str | None = None) -> None:
         self.git.record_outcome(sha, outcome, note)
+
+
+def _persons_error(kind: str, name: str) -> PrimefsError:
+    return PrimefsError(f"{kind}/{name} was written by a person: an agent may not change or delete it (add one "
+                        "under another name, or ask the person)")
 
 
 # Module-level forms of the workspace-wide operations.
