@@ -23,6 +23,9 @@ def script_path(settings: dict) -> Path:
         raise ModelError(f"script file {given!r} cannot be used: {exc}", retryable=False) from None
     if not path.is_relative_to(root):
         raise ModelError(f"script file {given} is outside the workspace {root}; copy it in", retryable=False)
+    if path.is_relative_to(root / "sessions"):  # a kernel's room: its script would be a model it controls
+        raise ModelError(f"script file {given} is in a session's folder, which a kernel may write; keep it "
+                         "elsewhere in the workspace", retryable=False)
     return path
 
 

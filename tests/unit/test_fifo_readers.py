@@ -53,3 +53,14 @@ def test_a_script_file_that_is_a_fifo_holds_no_other_call(tmp_path):
         within(10, lambda: provider.complete(msgs, None, {"model": "scripted/fifo.yaml", "workspace": str(tmp_path)}))
     reply = within(10, lambda: provider.complete(msgs, None, {"model": "scripted/ok.yaml", "workspace": str(tmp_path)}))
     assert reply.text == "fine"
+
+
+def test_a_script_in_a_sessions_folder_is_no_model(tmp_path):
+    """A subagent spec (or llm()) naming `scripted/sessions/<its room>/evil.yaml` made a model of what a
+    kernel wrote: its children in another session's tree ran the kernel's script (found by an attack)."""
+    room = tmp_path / "sessions" / "s" / "work"
+    room.mkdir(parents=True)
+    (room / "evil.yaml").write_text("default:\n  - text: forged\n")
+    with pytest.raises(ModelError, match="in a session's folder"):
+        ScriptedProvider().complete([{"role": "user", "content": "hi"}], None,
+                                    {"model": "scripted/sessions/s/work/evil.yaml", "workspace": str(tmp_path)})
