@@ -308,3 +308,27 @@ def test_a_kernel_cannot_hold_the_commit_lock(ws, scripted):
     out = s.events("cell")[0]["output"]
     assert out.startswith(("locked 0", "refused")), out  # /dev/null in its place, or not to be opened at all
     assert (ws.root / ".primefs" / "commit.lock").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_kernel_cannot_take_over_another_sessions_name(ws, scripted):
+    """`rlm(task, name='victim')` made a child that `primefs send victim`, `exec` and `result` reached
+    instead of the person's session of that name (the newest of a name wins). Now a child may not take a
+    name another tree has; names within its own tree are its own."""
+    ws = scripted("rules:\n  - match: '^Victim'\n    replies:\n      - text: victim here\n"
+                  "  - match: '^Take'\n    replies:\n      - code: |\n"
+                  "          try:\n              rlm('x', name='victim')\n"
+                  "          except Exception as exc:\n              print(type(exc).__name__, exc)\n"
+                  "          h = rlm('y', name='mine')\n          print(h.wait())\n      - text: tried\n"
+                  "  - match: '^[xy]'\n    replies:\n      - text: child here\n")
+    write_goal(ws, "Victim job", name="victim")
+    run_once(ws)
+    write_goal(ws, "Take its name", name="taker")
+    run_once(ws)
+    by = {}
+    for s in list_sessions(ws.sessions):
+        by.setdefault(s.name, []).append(s)
+    out = by["taker"][0].events("cell")[0]["output"]
+    assert "a session of another tree has that name" in out and "child here" in out, out
+    assert len(by["victim"]) == 1 and len(by["mine"]) == 1
+    r = cli(ws, "result", "victim")
+    assert r.stdout.strip() == "victim here", r.stdout

@@ -110,7 +110,9 @@ class KernelServices:
         if not str(task).strip():
             raise PrimefsError("rlm(): the task is empty")
         n = len(self.tree.children(parent.id)) + 1
-        name = check_name(name, "child name") if name else f"{parent.name}.{n}"
+        if name:
+            self._check_name_free(parent.id, check_name(name, "child name"))
+        name = name or f"{parent.name}.{n}"
         explicit_model = model
         model = model or parent.meta["model"]
         extra = {}
@@ -154,6 +156,16 @@ class KernelServices:
         tracing.spawned(parent.id, child.id)
         self.intake.adopt(child)
         return {"id": child.id, "name": name}
+
+    def _check_name_free(self, parent: str, name: str) -> None:
+        """A person addresses sessions by name (`primefs send NAME`: the newest session that has it). A child a
+        kernel names after a session of another tree took that name over (found by an attack): refused."""
+        from primefs.index.db import Index
+
+        with Index(self.ws.root) as index:
+            found = index.find(name)
+        if found and self.tree.root(found) != self.tree.root(parent):
+            raise PrimefsError(f"rlm(name={name!r}): a session of another tree has that name; choose another")
 
     def _child(self, agent, child: str) -> Session:
         if not isinstance(child, str) or self.tree.parent(child) != agent.session.id:
