@@ -241,3 +241,28 @@ def test_tree_sums_made_from_rows_another_process_changed_are_not_kept(ws):
         assert (count(mine, "trees"), count(mine, "trees_changed")) == (0, marked)
         mine.keep_trees({"a": "{}"}, set(), mine.data_version())
         assert (count(mine, "trees"), count(mine, "trees_changed")) == (1, 0)
+
+
+def test_names_that_begin_alike_stay_apart_at_80_columns(ws, scripted):
+    """Goals named by the second they came begin alike, and so do a parent's children (`fan.1` ... `fan.12`):
+    an ellipsis at the end made different sessions look the same at 80 columns. Names are cut in the middle."""
+    from conftest import cli, run_once
+
+    from primefs.store.goals import write_goal
+
+    ws = scripted("rules:\n  - match: '^Fan'\n    replies:\n"
+                  "      - code: \"print(wait_all([rlm(f'kid {i}') for i in range(12)]))\"\n      - text: fanned\n"
+                  "  - match: '^kid'\n    replies:\n      - text: kid done\n"
+                  "  - match: '^Other'\n    replies:\n      - text: other done\n")
+    write_goal(ws, "Fan out", name="20261206-162500-fan-out-to-kids")
+    write_goal(ws, "Other job", name="20261206-162500-other-job")
+    run_once(ws)
+    import re
+
+    out = cli(ws, "status", "-a", env={"COLUMNS": "80", "FORCE_COLOR": "1"}).stdout  # (as on a terminal)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert all(len(line) <= 80 for line in lines), out
+    names = [line.split()[0] for line in lines[1:] if not line.lstrip().startswith("+")]
+    assert len(names) == 14 and len(set(names)) == 14, out  # two roots, twelve children: fourteen names
+    assert any(n.endswith("kids.12") for n in names) and any(n.endswith("other-job") for n in names), out

@@ -129,7 +129,8 @@ def table(items: list, width: int, last: str = "result", with_age: bool = False,
               collapse_padding=True)  # one space between columns, not two
     if show_id:
         t.add_column("session", no_wrap=True, min_width=ID_WIDTH)
-    t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=16 if narrow else 28, min_width=6)
+    name_width = 16 if narrow else 28
+    t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=name_width, min_width=6)
     t.add_column("status", no_wrap=True, overflow="ellipsis", max_width=15 if narrow else 24)
     if show_node:
         t.add_column("node", no_wrap=True, overflow="ellipsis", max_width=12 if narrow else 16)
@@ -154,7 +155,8 @@ def table(items: list, width: int, last: str = "result", with_age: bool = False,
             continue
         r = item
         cells = [Text(indent + r.id)] if show_id else []
-        cells += [Text((indent if not show_id else "") + (r.name or r.id)),
+        shown = indent if not show_id else ""
+        cells += [Text(shown + cut_middle(r.name or r.id, name_width - len(shown))),
                   Text(r.label or r.status, style=COLORS.get(r.status, ""))]
         if show_node:
             cells.append(Text(r.node or "local"))
@@ -164,6 +166,16 @@ def table(items: list, width: int, last: str = "result", with_age: bool = False,
             cells.append(r.age)
         t.add_row(*cells)
     return t
+
+
+def cut_middle(name: str, width: int) -> str:
+    """A name cut to `width` in its middle: names that begin alike (goals named by the second they came,
+    `fan.1` ... `fan.12`) differ at their end, which an ellipsis at the end would hide."""
+    width = max(4, width)
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 3
+    return name[:head] + "…" + name[len(name) - (width - 1 - head):]
 
 
 def window(items: list, height: int, offset: int) -> tuple[list, int, int]:
