@@ -23,8 +23,10 @@ class PostOffice:
         self._results: dict[str, dict[str, list[mail.Message]]] = {}  # parent -> child -> result mail sent
         self._stuck: set[Path] = set()  # bad mail that could not even be moved aside: skipped, said once
 
-    def deliver(self, sid: str, *, sender: str, kind: str, text: str, extra: dict | None = None) -> mail.Message:
-        msg = mail.deliver(self.tree.session(sid).mail, sender=sender, to=sid, kind=kind, text=text, extra=extra)
+    def deliver(self, sid: str, *, sender: str, kind: str, text: str, extra: dict | None = None,
+                msg_id: str | None = None) -> mail.Message:
+        msg = mail.deliver(self.tree.session(sid).mail, sender=sender, to=sid, kind=kind, text=text, extra=extra,
+                           msg_id=msg_id)
         if kind == "result" and extra and extra.get("child"):
             with self.bell.cond:
                 self._results.setdefault(sid, {}).setdefault(extra["child"], []).append(msg)
@@ -77,7 +79,7 @@ class PostOffice:
                 held.discard(claimed)
                 self._set_aside(agent, claimed, str(exc))
                 continue
-            if msg.id in agent.seen_ids:
+            if msg.id in agent.seen_ids or any(m.id == msg.id for m, _ in out):  # (a result mail sent again)
                 self._ack(agent, claimed)
                 continue
             out.append((msg, claimed))

@@ -210,6 +210,10 @@ class Turns:
         agent.pending_notice = self.goals.after_turn(agent, outcome)
         if agent.kernel.mode == "turn":
             agent.kernel.snapshot("turn")
+        if s.meta.get("worktree"):  # what it changed there: committed on its branch, listed for its parent
+            self._settle_worktree(s, turn)
+        # before turn_end: a runner stopped in between ends the turn again, and the parent shows the result once
+        self.report_to_parent(s, turn)
         end = agent.record("turn_end", turn=turn, outcome=outcome, elapsed_s=elapsed, status=s.status,
                            stop_reason=s.meta.get("stop_reason"))
         s.summary()  # summaries are written at turn ends and status changes, not at every event
@@ -220,9 +224,6 @@ class Turns:
                 agent.hooks.fire("session_end", s, end)
         if s.status == "failed":
             self.failed.add(s.id)
-        if s.meta.get("worktree"):  # what it changed there: committed on its branch, listed for its parent
-            self._settle_worktree(s, turn)
-        self.report_to_parent(s, turn)
         self.commit_hand_edits()
         self.commit_session(s, f"turn {turn} {outcome}")
         return end
@@ -256,7 +257,8 @@ class Turns:
         text = result if result is not None else f"(no result: {s.meta.get('error') or s.meta.get('stop_reason')})"
         worktree = worktrees.summary(s.meta.get("worktree"))  # its branch and the files changed there
         self.post.deliver(parent, sender=s.id, kind="result", text=text + (f"\n\n{worktree}" if worktree else ""),
-                          extra={"child": s.id, "name": s.name, "status": s.status, "turn": turn})
+                          extra={"child": s.id, "name": s.name, "status": s.status, "turn": turn},
+                          msg_id=f"result-{s.id}-{turn}" if turn is not None else None)
 
     def refine(self, agent: Agent, **request) -> dict:
         return run_refine(self.ws, agent, self.tree.chain(agent.session.id), self.log,

@@ -67,12 +67,15 @@ def mend(mail_dir: Path) -> list[str]:
     return aside
 
 
-def deliver(mail_dir: Path, *, sender: str, to: str, kind: str, text: str, extra: dict | None = None) -> Message:
+def deliver(mail_dir: Path, *, sender: str, to: str, kind: str, text: str, extra: dict | None = None,
+            msg_id: str | None = None) -> Message:
+    """`msg_id`: the same message delivered twice has one id (a turn's result mail, sent again by a runner
+    that ends a turn another runner's stop cut off): its reader shows it once."""
     mend(mail_dir)
     text = redact.text(text)  # known secrets never reach a file
-    msg = Message(id=new_message_id(), sender=sender, to=to, kind=kind, text=text, created=iso())
+    msg = Message(id=msg_id or new_message_id(), sender=sender, to=to, kind=kind, text=text, created=iso())
     meta = {"id": msg.id, "from": sender, "to": to, "kind": kind, "created": msg.created, **redact.value(extra or {})}
-    tmp = mail_dir / "tmp" / f"{msg.id}.md"
+    tmp = mail_dir / "tmp" / f"{msg.id}.{secrets.token_hex(3)}.md" if msg_id else mail_dir / "tmp" / f"{msg.id}.md"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(frontmatter.dump(meta, text, safe=True))

@@ -216,3 +216,17 @@ def test_cur_is_listed_once_per_reader_and_a_claim_not_recorded_is_taken_again(o
     assert failed == ["m3"] and post.take_mail(reader) == 1
     assert [e["text"] for e in a.events("message")] == ["m0", "m1", "m2", "m3"]
     assert listed == [str(a.mail / "cur")] and mail.unacked(a.mail) == [] and reader.claimed == set()
+
+
+def test_a_result_sent_again_with_its_id_is_shown_once(office):
+    """A runner that ends a turn another runner's stop cut off (turns.py) sends the turn's result mail again,
+    with the same id (`result-<child>-<turn>`): the parent shows it once, whether both arrive together or
+    the second after the first was recorded."""
+    post, _, _, _, _, a, reader = office
+    for _ in range(2):
+        post.deliver(a.id, sender="kid", kind="result", text="42", msg_id="result-kid-1")
+    assert post.take_mail(reader) == 1
+    post.deliver(a.id, sender="kid", kind="result", text="42", msg_id="result-kid-1")
+    assert post.take_mail(reader) == 0
+    assert [e["id"] for e in a.events("message")] == ["result-kid-1"]
+    assert files(a.mail / "new") == [] and files(a.mail / "tmp") == []
