@@ -157,3 +157,12 @@ def test_commands_and_a_runner_go_on(template, tmp_path, case):
     r = runner.invoke(main, ["-w", str(root), "run", "--once", "-q"])
     assert r.exception is None or isinstance(r.exception, SystemExit), ("run", repr(r.exception), r.output)
     assert r.exit_code in (0, 1, 3) and "Traceback" not in r.output, r.output
+
+
+def test_the_events_of_a_session_whose_yaml_is_broken_say_so(template, tmp_path):
+    root = tmp_path / "ws"
+    shutil.copytree(template, root, symlinks=True)
+    one = by_name(root)["one"]
+    (one.dir / "session.yaml").write_text("status: [unclosed\n")
+    r = CliRunner().invoke(main, ["-w", str(root), "logs", "-s", one.id, "-n", "2"], catch_exceptions=False)
+    assert r.exit_code == 0 and f"{one.id} (session.yaml broken)" in r.output and "(None)" not in r.output, r.output

@@ -125,7 +125,8 @@ def logs_cmd(ctx, count, sessions, tree, name, statuses, model, since, until, ty
     else:
         for e in events:
             when = datetime.fromtimestamp(e["ts"]).strftime("%Y-%m-%d %H:%M:%S") if isinstance(e.get("ts"), (int, float)) else "?"
-            click.echo(f"{when}  {e['session']} ({e['session_name']})  {e.get('type')}  {one_line(e)}")
+            name = e["session_name"] or "session.yaml broken"  # (no name can be read of it)
+            click.echo(f"{when}  {e['session']} ({name})  {e.get('type')}  {one_line(e)}")
     shown = len(events)
     tail = "" if shown == found["events"] else f" (the newest {shown}; -n 0 shows all)"
     click.echo(f"{found['events']:,} matching event(s){tail}" if found["events"] else "no matching events", err=True)
