@@ -101,6 +101,7 @@ def test_dormant_sessions_cost_stats_not_listings(ws, monkeypatch):
     run = Runner(ws, log=lambda m: None)
     run.alive.start()
     run.alive.settle_changed()  # (as the runner does after its start: their marks stored)
+    run.alive.committing.join(30)
     assert not run.alive.awake and len(run.alive.dormant) == len(session_ids(ws.sessions))
     listed = []
     real = os.listdir

@@ -153,3 +153,27 @@ def test_sigkill_in_a_childs_turn_end_still_reports_to_its_parent(ws):
     assert [e["text"] for e in results] == ["child answer"]
     assert_history_clean(child)
     assert_history_clean(parent)
+
+
+def test_what_a_killed_runner_never_committed_is_committed_by_the_next(ws):
+    """A runner killed with commits queued (its turn ends written, their commit not made): the folders
+    stayed out of git for good, a finished session taking no turn that would commit it (found by a probe:
+    7 folders untracked after 5 more runner starts). The next runner commits what git shows uncommitted
+    among the sessions that changed since a runner last saw them."""
+    (ws.root / "s.yaml").write_text("default:\n  - text: answered\n")
+    ws = configure(ws, model="scripted/s.yaml")
+    write_goal(ws, "Answer", name="one")
+    run_once(ws)
+    s = named(ws, "one")
+    git = ["git", "-C", str(ws.root)]
+    # as if the runner died before this session's turn commit: its folder not in git, its files written
+    subprocess.run([*git, "rm", "-r", "-q", "--cached", f"sessions/{s.id}"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "forget"], check=True)
+    with open(s.dir / "history.jsonl", "a") as f:
+        f.write('{"ts": 1, "type": "notice", "n": 999, "text": "the last line of a killed runner"}\n')
+    assert f"sessions/{s.id}/" in subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout
+    run_once(ws)
+    st = subprocess.run([*git, "status", "--porcelain", "sessions"], capture_output=True, text=True).stdout
+    assert st == ""
+    log = subprocess.run([*git, "log", "-1", "--format=%B"], capture_output=True, text=True).stdout
+    assert "recovered: not committed before a runner stopped" in log

@@ -138,3 +138,21 @@ def test_a_failed_commit_is_tried_again(ws, monkeypatch):
         time.sleep(0.05)
     committer.close()
     assert subject(ws) == "sessions/a: turn 1" and changed(ws) == ["sessions/a/history.jsonl"]
+
+
+def test_a_burst_of_requests_is_committed_in_batches_of_a_bounded_size(ws, monkeypatch):
+    """A runner's first start on 50,000 changed sessions requests a commit of each (alive.settle_changed):
+    one git command line with all their paths would pass the system's limit. At most MAX_BATCH a commit."""
+    monkeypatch.setattr(gitops.Committer, "MAX_BATCH", 2)
+    monkeypatch.setattr(gitops.Committer, "EVERY_S", 0.0)
+    committer = gitops.Committer(ws.root)
+    for i in range(5):
+        (ws.root / "sessions" / f"s{i}").mkdir(parents=True)
+        (ws.root / "sessions" / f"s{i}" / "history.jsonl").write_text("{}\n")
+        committer.request(f"sessions/s{i}", "recovered")
+    committer.close()
+    log = subprocess.run(["git", "-C", str(ws.root), "log", "--format=%s"], capture_output=True, text=True).stdout
+    assert log.splitlines()[:3] == ["sessions/s4: recovered", "2 paths", "2 paths"], log
+    tracked = subprocess.run(["git", "-C", str(ws.root), "ls-files", "sessions/s*"], capture_output=True,
+                             text=True).stdout
+    assert sorted(tracked.split()) == [f"sessions/s{i}/history.jsonl" for i in range(5)]

@@ -34,6 +34,7 @@ from primefs.runner.inotify import CHANGES, IN_ATTRIB, Inotify
 from primefs.store import mail
 from primefs.store.control import REFINE_FILE, STOP_FILE
 from primefs.store.fsutil import NAME_RE
+from primefs.store.gitops import uncommitted
 from primefs.store.history import turn_cut_off
 from primefs.store.session import broken_goal_line
 from primefs.store.settings import FINISHED
@@ -65,6 +66,7 @@ class Alive:
         self._next_line_look = 0.0  # the next look at the sessions queued for a slot (scan)
         self.changed: list[tuple] = []  # (sid, goal, marks if stopped): finished, changed since last seen (start)
         self._seen: dict = {}  # sid -> marks to store once settle_changed has looked at them
+        self.committing: threading.Thread | None = None  # settle_changed's commits (the runner's stop waits for it)
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -113,26 +115,38 @@ class Alive:
         """After start: the finished sessions that changed since a runner last saw them settled may have been
         cut off by the runner's end. A turn whose `turn_end` is missing (killed between its answer and the
         end: the goal's verdict, the result mail to the parent, the commit) is queued: its end is done then
-        (turns.py). Each is committed (a commit queued when a runner was killed is lost with it). Then their
-        marks are stored: the next runner looks at none of this again. One read of each history's tail."""
+        (turns.py). What git shows uncommitted is committed, beside the runner's work (a commit queued when a
+        runner was killed is lost with it); then their marks are stored: the next runner looks at none of
+        this again. One read of each history's tail, one `git status`."""
         changed, seen, self.changed, self._seen = self.changed, self._seen, [], {}
-        committer = self.turns.committer
-        for sid, goal, marks in changed:
+        for sid, _goal, marks in changed:
             if marks is not None:  # a stopped session: woken only for its cut-off end
                 seen[sid] = marks
             if turn_cut_off(self.ws.sessions / sid / "history.jsonl"):
                 self.log(f"{sid}: its last turn was cut off after its answer; its end is done now")
                 self.wake(sid)
                 self.scheduler.add(sid)
-            elif committer is not None:
-                committer.request(f"sessions/{sid}", "recovered: not committed before a runner stopped")
-                if goal and os.path.lexists(self.ws.root / goal):
-                    committer.request(goal, "recovered: not committed before a runner stopped")
-        if committer is not None and changed:
-            committer.flush()
-        if seen:
-            with Index(self.ws.root) as index:
-                index.set_marks(seen)
+        if changed:  # (beside the runner's work: one `git status`, then the commits)
+            self.committing = threading.Thread(target=self._commit_changed, args=(changed, seen), daemon=True,
+                                               name="primefs-recovered-commits")
+            self.committing.start()
+
+    def _commit_changed(self, changed: list, seen: dict) -> None:
+        """What git shows uncommitted among the sessions (and their goals) is committed; then the marks of
+        the sessions looked at are stored (not before: a runner killed meanwhile leaves them to the next)."""
+        committer = self.turns.committer
+        try:
+            if committer is not None:
+                goals = {goal for _sid, goal, _marks in changed if goal}  # (a person's goal not taken yet: theirs)
+                for path in uncommitted(self.ws.root):
+                    if path.startswith("sessions/") or path in goals:
+                        committer.request(path, "recovered: not committed before a runner stopped")
+                committer.flush()
+            if seen:
+                with Index(self.ws.root) as index:
+                    index.set_marks(seen)
+        except Exception as exc:  # noqa: BLE001 - looked at again by the next runner
+            self.log(f"warning: committing what a stopped runner left: {type(exc).__name__}: {exc}")
 
     def _marks(self, sid: str) -> list | None:
         """The mtimes of a session's folder, mail/new and mail/cur, or None if one is too recent to

@@ -311,6 +311,8 @@ class Runner:
         self.intake.harness_touched()
         self.intake.commit_hand_edits()
         committer = self.turns.committer
+        if self.alive.committing is not None:  # what a stopped runner left uncommitted: requested before the close
+            self.alive.committing.join(60)
         if committer is not None:
             committer.close()  # (a failed commit was said as it failed)
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import io
+import itertools
 import os
 import subprocess
 import threading
@@ -195,6 +196,21 @@ def known_paths(root: Path, paths: list[str]) -> list[str]:
     return [p for p in paths if p not in gone or p in keep]
 
 
+def uncommitted(root: Path) -> list[str]:
+    """Session folders and goal files with changes git has not committed (a commit a killed runner never
+    made): one `git status` (0.6 s at 50,000 sessions), which takes no lock."""
+    out = git(root, "--no-optional-locks", "status", "--porcelain", "-z", "--no-renames", "--untracked-files=normal",
+              "--", "sessions", "goals", check=False)
+    found = set()
+    for rec in out.stdout.split("\0") if not out.returncode else []:
+        parts = rec[3:].rstrip("/").split("/")
+        if len(parts) >= 2 and parts[0] == "sessions":
+            found.add(f"sessions/{parts[1]}")
+        elif len(parts) == 2 and parts[0] == "goals":
+            found.add(f"goals/{parts[1]}")
+    return sorted(found)
+
+
 def commit_cut_off(root: Path) -> list[str]:
     """Session folders a killed runner staged but never committed (commit_paths' `git add` done, its
     commit not): committed now, at start. The user's index against HEAD: no file of a session is looked
@@ -333,6 +349,7 @@ class Committer:
     EVERY_S = 0.5
     SHARE = 3
     RETRY_S = 10.0  # after a failed commit
+    MAX_BATCH = 2000  # paths a commit takes (its git commands get them as arguments: a command line has a limit)
     GC_EVERY = 100  # commits between two looks at git's upkeep (pack_loose)
 
     def __init__(self, root: Path, log=lambda msg: None):
@@ -370,7 +387,9 @@ class Committer:
                 while not (self._closed or self._now) and time.monotonic() < self._last + self._gap:
                     self._cond.wait(self._last + self._gap - time.monotonic())
                 self._now = False
-                batch, self._pending = self._pending, {}
+                batch = dict(itertools.islice(self._pending.items(), self.MAX_BATCH))
+                for p in batch:
+                    del self._pending[p]
                 marks = {p: self._marks.pop(p) for p in batch if p in self._marks}
                 self._busy = True
             started, error = time.monotonic(), None
