@@ -151,8 +151,9 @@ def test_a_burst_of_requests_is_committed_in_batches_of_a_bounded_size(ws, monke
         (ws.root / "sessions" / f"s{i}" / "history.jsonl").write_text("{}\n")
         committer.request(f"sessions/s{i}", "recovered")
     committer.close()
-    log = subprocess.run(["git", "-C", str(ws.root), "log", "--format=%s"], capture_output=True, text=True).stdout
-    assert log.splitlines()[:3] == ["sessions/s4: recovered", "2 paths", "2 paths"], log
+    commits = subprocess.run(["git", "-C", str(ws.root), "log", "--format=%H", "--", "sessions/s*"],
+                             capture_output=True, text=True).stdout.split()
+    assert len(commits) >= 3 and all(len(changed(ws, c)) <= 2 for c in commits)  # (the first may go alone)
     tracked = subprocess.run(["git", "-C", str(ws.root), "ls-files", "sessions/s*"], capture_output=True,
                              text=True).stdout
     assert sorted(tracked.split()) == [f"sessions/s{i}/history.jsonl" for i in range(5)]
