@@ -179,5 +179,7 @@ def test_a_stop_interrupts_the_cell_once_it_runs(host, tmp_path):
     lost, and the cell would run its whole time. It is sent once the cell runs."""
     k = host.start(KernelSpec("s", tmp_path))
     res = k.execute("import time; time.sleep(30)", timeout=60, stop=lambda: True)
-    assert "KeyboardInterrupt" in res.error and res.elapsed_s < 10 and not res.timed_out and not res.died, res
+    # cut short, not its 30 s (an interrupt that lands as ipykernel begins the cell, before its code: no error)
+    assert res.elapsed_s < 10 and not res.timed_out and not res.died, res
+    assert res.error is None or "KeyboardInterrupt" in res.error, res
     assert k.execute("print('alive')", timeout=20).output == "alive\n"
