@@ -84,18 +84,6 @@ class Harness:
                 raise PrimefsError(f"{kind}/{name} is locked (primefs.yaml harness.locked: {pattern}): only a person "
                                    "may edit it")
 
-    def _persons(self, path: Path, md: Path) -> bool:
-        """Whether a person wrote this entry (`harness put`, or by hand: no `primefs:` stamp). A kernel
-        (source "agent") may add entries and change its own and other agents', never a person's: a skill a
-        person made, replaced by a kernel, ran that kernel's code in every session importing it, as that
-        session (found by an attack)."""
-        if not os.path.lexists(path):
-            return False
-        stamp = None
-        if md.is_file() and not md.is_symlink():
-            stamp = frontmatter.read(md, self._rel(md), root=self.root)[0].get("primefs")  # broken: raised
-        return not isinstance(stamp, dict) or stamp.get("source") == "user"
-
     # -- locations ----------------------------------------------------------------------------------
     def _base(self, scope: str, session: str | None) -> Path:
         if scope == "global":
@@ -221,7 +209,6 @@ class Harness:
         md = path / SKILL_FILE if kind == "skill" else path
         with commit_lock(self.root):
             self.git.commit_hand_edits([self._rel(path)])
-            persons = source == "agent" and self._persons(path, md)
             existing = md.exists()
             if existing:
                 meta, old_body = frontmatter.read(md, self._rel(md), root=self.root)  # broken: raise, never overwrite
@@ -232,6 +219,7 @@ class Harness:
                 meta, old_body = CommentedMap(), ""
                 if kind in ("skill", "agent") and not description:
                     raise PrimefsError(f"a new {kind} needs a description: it is all the model sees of it")
+            persons = source == "agent" and _by_person(path, md, meta if existing else None)  # (before it changes)
             _set_front_matter(meta, name, description, fields)
             text = body if body is not None else old_body
             if existing and _content(meta, text) == before and _same_files(path, files):
@@ -256,7 +244,9 @@ class Harness:
             if not path.exists():
                 raise PrimefsError(f"no {scope} {kind} {name!r} (looked for {self._rel(path)})")
             self.git.commit_hand_edits([self._rel(path)])
-            if source == "agent" and self._persons(path, path / SKILL_FILE if kind == "skill" else path):
+            md = path / SKILL_FILE if kind == "skill" else path
+            if source == "agent" and _by_person(path, md, frontmatter.read(md, self._rel(md), root=self.root)[0]
+                                                if md.is_file() and not md.is_symlink() else None):
                 raise _persons_error(kind, name)
             shutil.rmtree(path) if path.is_dir() else path.unlink()
             return self.git.commit([self._rel(path)], f"harness({kind}/{name}): delete", trailers)
@@ -273,6 +263,17 @@ class Harness:
 
     def record_outcome(self, sha: str, outcome: str, note: str | None = None) -> None:
         self.git.record_outcome(sha, outcome, note)
+
+
+def _by_person(path: Path, md: Path, meta) -> bool:
+    """Whether a person wrote this entry (`harness put`, or by hand: no `primefs:` stamp in `meta`, its front
+    matter). A kernel (source "agent") may add entries and change its own and other agents', never a
+    person's: a skill a person made, replaced by a kernel, ran that kernel's code in every session importing
+    it, as that session (found by an attack)."""
+    if not os.path.lexists(path):
+        return False
+    stamp = None if meta is None or md.is_symlink() else meta.get("primefs")
+    return not isinstance(stamp, dict) or stamp.get("source") == "user"
 
 
 def _persons_error(kind: str, name: str) -> PrimefsError:

@@ -27,6 +27,7 @@ from primefs.runner.tree import SessionTree
 from primefs.store import livefeed, trust, worktrees
 from primefs.store.conversation import code_of_call, fenced_code, rebuild, to_messages
 from primefs.store.gitops import lock_file
+from primefs.store.history import open_turn
 from primefs.store.session import Session
 from primefs.store.settings import Limits, check_sandbox
 from primefs.tools.registry import render_for_prompt as render_tools
@@ -163,13 +164,13 @@ class Agent:
             self.messages = rebuild(events, self.tool_mode)
             self.seen_ids = {e.get("id") for e in events if e["type"] == "message"}
             self.turns = sum(1 for e in events if e["type"] == "turn_start" and not e.get("resumed"))
-            last = next((e for e in reversed(events) if e["type"] in ("turn_start", "turn_end")), None)
-            if last is not None and last["type"] == "turn_start":  # no turn_end: a runner stopped in it
-                self.open_turn = {"turn": last.get("turn"), "elapsed_s": round(events[-1]["ts"] - last["ts"], 4)}
-            kernels = [e for e in events if e["type"] == "kernel"]
-            self.had_kernel = bool(kernels)
-            if kernels and kernels[-1].get("event") == "stopped" and self.kernel_gone is None:
-                self.kernel_gone = kernels[-1].get("reason")  # shut down while idle, by this runner or an earlier one
+            start = open_turn(reversed(events))
+            if start is not None:
+                self.open_turn = {"turn": start.get("turn"), "elapsed_s": round(events[-1]["ts"] - start["ts"], 4)}
+            kernel = next((e for e in reversed(events) if e["type"] == "kernel"), None)
+            self.had_kernel = kernel is not None
+            if kernel is not None and kernel.get("event") == "stopped" and self.kernel_gone is None:
+                self.kernel_gone = kernel.get("reason")  # shut down while idle, by this runner or an earlier one
 
     def ensure_kernel(self, soon: bool = False) -> None:
         """The session's kernel running (`soon`: a first one may start beside the model call: kernel.ready()

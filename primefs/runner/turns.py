@@ -63,6 +63,8 @@ class Turns:
         queued or running, no kernel, nothing asked of their next turn."""
         with self._lock:
             extra = len(self.agents) - KEEP_AGENTS
+            if extra <= 0:  # (at every turn's end: no copy of the dict then)
+                return
             for sid, a in list(self.agents.items()):
                 if extra <= 0:
                     break

@@ -14,7 +14,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from primefs.store import events, fastjson, journal, livefeed, redact
 from primefs.store.fsutil import NotRegular, open_regular
@@ -239,12 +239,18 @@ def still_there(f, offset: int, check: str, size: int) -> bool:
     return offset <= size and (offset == 0 or check_at(f, offset) == check)
 
 
+def open_turn(latest: Iterable[dict]) -> dict | None:
+    """The `turn_start` of the last turn if no `turn_end` followed it; `latest`: the events from the end back
+    (a runner stopped in that turn)."""
+    for e in latest:
+        if e["type"] in ("turn_start", "turn_end"):
+            return e if e["type"] == "turn_start" else None
+    return None
+
+
 def turn_cut_off(path: Path) -> bool:
     """Whether the history's last turn has its `turn_start` and no `turn_end` (read from the end)."""
-    for e in latest_events(path):
-        if e["type"] in ("turn_start", "turn_end"):
-            return e["type"] == "turn_start"
-    return False
+    return open_turn(latest_events(path)) is not None
 
 
 def latest_events(path: Path, chunk: int = 1 << 16) -> Iterator[dict]:
