@@ -193,3 +193,69 @@ def test_two_archive_commands_at_once_without_a_runner(ws):
     assert not any("the runner stopped" in err for _, err in outs), outs
     archived = sorted(int(out.split()[1]) for out, _ in outs)
     assert sum(archived) == 6, outs
+
+
+def test_a_session_with_a_long_life_wakes_from_the_end_of_its_history(ws, monkeypatch):
+    """A runner that wakes a session (a new runner, or one that let it go) reads its history from the end,
+    only as far back as it needs: the conversation since the last compaction, the last turn's number, the
+    next event's. Reading all of it cost time and memory in proportion to the session's life (bench/wake.py:
+    200,000 events, a peak of 156 MiB)."""
+    import sys
+    from pathlib import Path
+
+    from primefs.index.db import Index
+    from primefs.runner.core import Runner
+    from primefs.store import history, mail
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from wake import grow
+
+    ws = scripted(ws, "default:\n" + "  - text: fine\n" * 5)
+    write_goal(ws, "Talk", name="talk")
+    run_once(ws)
+    s = session_named(ws, "talk")
+    first = len(s.events())
+    mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="hello")
+    run_once(ws)
+    grow(s.history.path, s.events()[first:], 20_000)
+    before = s.events()
+    with Index(ws.root) as index:  # what a live index does as events come (not counted below)
+        index.sync(meta_only=True)
+    mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="and now")
+    parsed = []
+    real = history.parse_event
+    monkeypatch.setattr(history, "parse_event", lambda line: parsed.append(1) or real(line))
+    runner = Runner(ws, log=lambda line: None)
+    runner.run(once=True)
+    monkeypatch.undo()
+    assert len(parsed) < 500, len(parsed)  # of 20,000 events
+    new = s.events()[len(before):]
+    assert [e["n"] for e in new] == list(range(before[-1]["n"] + 1, before[-1]["n"] + 1 + len(new)))
+    assert [e["turn"] for e in new if e["type"] == "turn_start"] == [before[-1]["turn"] + 1]
+    agent = runner.turns.agents[s.id]
+    assert agent.messages[0]["content"].startswith("[primefs] Earlier work was compacted")
+    assert len(agent.messages) < 20 and len(agent.seen_ids) < 10  # what the last compaction kept, and since
+
+
+def test_a_session_remembers_the_ids_its_conversation_holds_not_its_whole_life(ws):
+    """The ids that keep a message from being shown twice grow with the conversation, not with the
+    session's life: a compaction lets go of those it summarized (an id comes again only soon after a
+    crash: runner/postoffice.py)."""
+    from conftest import BackgroundRunner, wait_for
+
+    from primefs.store import mail
+
+    ws = scripted(ws, "default:\n" + "  - text: fine\n" * 100)
+    ws = configure(ws, limits={"compact_at_tokens": 600})
+    write_goal(ws, "Talk", name="talk")
+    with BackgroundRunner(ws) as br:
+        s = wait_for(lambda: session_named(ws, "talk"), what="the session")
+        for i in range(8):
+            answers = len(s.events("assistant"))
+            mail.deliver(s.mail, sender="user", to=s.id, kind="user", text=f"message {i} " + "words " * 100)
+            wait_for(lambda: len(s.events("assistant")) > answers and s.reload()["status"] == "idle",
+                     what=f"the answer to message {i}")
+        seen = set(br.runner.turns.agents[s.id].seen_ids)
+    last = s.events("compaction")[-1]
+    assert seen == {e["id"] for e in s.events("message") if e["n"] > last["upto_n"]}
+    assert 0 < len(seen) < 8

@@ -10,11 +10,13 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from itertools import islice
 from typing import Callable
 
 from primefs.errors import BudgetExhausted, PrimefsError, SessionStopping
 from primefs.harness.entries import Harness, check_entry_name, check_kind
 from primefs.providers.base import ModelError
+from primefs.store.history import latest_events
 from primefs.store.session import Session
 from primefs.store.workspace import Workspace
 
@@ -129,7 +131,8 @@ def plan(ws: Workspace, session: Session, *, complete: Callable[[list[dict]], ob
         raise PrimefsError("scope is 'global' or 'session'")
     harness = Harness(ws)
     entries = harness.list(sessions=chain)
-    events = [e for e in session.events() if _event_line(e)][-max_events:]
+    # the last ones, read from the end: a history grows for the session's life
+    events = list(islice((e for e in latest_events(session.history.path) if _event_line(e)), max_events))[::-1]
     overview = "\n".join(f"- {e.kind}/{e.name} ({e.scope}): {e.description or '(no description)'}"
                          + (f" [problem: {e.problem}]" if e.problem else "") for e in entries) or "(empty)"
     planned = {(e.kind, e.name): fingerprint(ws, e.kind, e.name, chain) for e in entries}

@@ -27,7 +27,7 @@ from primefs.runner.tree import SessionTree
 from primefs.store import livefeed, trust, worktrees
 from primefs.store.conversation import code_of_call, fenced_code, rebuild, to_messages
 from primefs.store.gitops import lock_file
-from primefs.store.history import open_turn
+from primefs.store.history import latest_events, open_turn, since_compaction
 from primefs.store.session import Session
 from primefs.store.settings import Limits, check_sandbox
 from primefs.tools.registry import render_for_prompt as render_tools
@@ -87,7 +87,7 @@ class Agent:
         self.retire_kernel: str | None = None  # its kernel must go when this turn ends, and why
         self.warned: set[str] = set()  # harness problems already recorded in this session's history
         self.messages: list[dict] | None = None
-        self.seen_ids: set[str] = set()  # ids of messages already in history: none is shown twice
+        self.seen_ids: set[str] = set()  # ids of the messages in its conversation since its last compaction: none is shown twice
         self.claimed: set[Path] | None = None  # mail/cur/ files claimed, not acknowledged (None: not listed yet)
         self.turns = 0
         self.done_answer: str | None = None
@@ -159,18 +159,34 @@ class Agent:
         return event
 
     def ensure_conversation(self) -> None:
-        if self.messages is None:
-            events = self.session.events()
-            self.messages = rebuild(events, self.tool_mode)
-            self.seen_ids = {e.get("id") for e in events if e["type"] == "message"}
-            self.turns = sum(1 for e in events if e["type"] == "turn_start" and not e.get("resumed"))
-            start = open_turn(reversed(events))
-            if start is not None:
-                self.open_turn = {"turn": start.get("turn"), "elapsed_s": round(events[-1]["ts"] - start["ts"], 4)}
-            kernel = next((e for e in reversed(events) if e["type"] == "kernel"), None)
-            self.had_kernel = kernel is not None
-            if kernel is not None and kernel.get("event") == "stopped" and self.kernel_gone is None:
-                self.kernel_gone = kernel.get("reason")  # shut down while idle, by this runner or an earlier one
+        """The conversation and the rest the runner keeps of a session, read from its history's end back: a
+        history grows for the session's life, and waking a session must not cost its whole length."""
+        if self.messages is not None:
+            return
+        path = self.session.history.path
+        tail = since_compaction(path)[1]
+        self.messages = rebuild(tail, self.tool_mode)
+        self.seen_ids = {e.get("id") for e in tail if e["type"] == "message"}
+        latest, start, kernel, ran = [], None, None, False  # latest: the events since the last turn_start
+        for e in latest_events(path):
+            if start is None:
+                latest.append(e)
+                start = e if e["type"] == "turn_start" else None
+            if kernel is None and not ran:
+                kernel = e if e["type"] == "kernel" else None
+                # a cell ran after the last kernel event, so that one started a kernel: no need to read back
+                # to it (a kernel may live for months)
+                ran = e["type"] == "cell" and e.get("code") is not None
+            if start is not None and (kernel is not None or ran):
+                break
+        # each turn_start records its turn's number (a resumed turn goes on with its own)
+        self.turns = start["turn"] if start is not None and isinstance(start.get("turn"), int) else 0
+        cut_off = open_turn(latest)
+        if cut_off is not None:
+            self.open_turn = {"turn": cut_off.get("turn"), "elapsed_s": round(latest[0]["ts"] - cut_off["ts"], 4)}
+        self.had_kernel = kernel is not None or ran
+        if kernel is not None and kernel.get("event") == "stopped" and self.kernel_gone is None:
+            self.kernel_gone = kernel.get("reason")  # shut down while idle, by this runner or an earlier one
 
     def ensure_kernel(self, soon: bool = False) -> None:
         """The session's kernel running (`soon`: a first one may start beside the model call: kernel.ready()

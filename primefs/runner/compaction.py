@@ -91,6 +91,9 @@ def maybe_compact(agent, system: str) -> bool:
         "compaction", upto_n=old[-1]["n"], replaced=len(old), kept_from_n=live[keep_from]["n"],
         summary=reply.text or "", tokens_before=before)
     agent.messages = rebuild(since_compaction(agent.session.history.path)[1], agent.tool_mode)
+    # a message id repeats only soon after a crash (runner/postoffice.py): those of the summarized part need
+    # not be kept, so the set stays the size of the conversation for the session's whole life
+    agent.seen_ids.difference_update(e.get("id") for e in old if e["type"] == "message")
     done = agent.session.history.append("compaction_done", n_compaction=event["n"],
                                         tokens_after=agent.gateway.prompt_tokens(
                                             agent.settings, [{"role": "system", "content": system}, *agent.messages]))

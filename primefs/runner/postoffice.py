@@ -4,6 +4,10 @@ Mailboxes are Maildir folders (mail.py); this part adds who may read what, and w
 session's Agent: its `mail_lock` makes it the only reader of its box, its `seen_ids` make sure no
 message is shown twice (also after a crash), its `cell_seq` voids requests of an ended cell, its `claimed`
 spares a listing of cur/ (every message the session ever took) at each turn.
+
+An id comes again only after a crash: a runner killed between showing a message and filing it in cur/,
+or a cut-off turn's result sent again at the next start. Either is among the last things the session
+took, so `seen_ids` holds the ids of its conversation since its last compaction, not of its whole life.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from primefs.runner.tree import SessionTree
 from primefs.store import worktrees
 from primefs.store.conversation import INTERRUPTED, RESUMED, fenced_code
 from primefs.store.gitops import Committer, Mark
-from primefs.store.history import latest_events
+from primefs.store.history import latest_events, since_compaction
 from primefs.store.session import Session
 from primefs.tracing import spans as tracing
 
@@ -155,8 +155,9 @@ class Turns:
 
     def _close_interrupted_cells(self, agent: Agent) -> None:
         """Code the model asked for that never reported back (the runner died mid-cell) gets an
-        answer, so the conversation stays well-formed (every tool call answered)."""
-        events = agent.session.events()
+        answer, so the conversation stays well-formed (every tool call answered). No compaction comes between
+        a step's model call and its cells: the last one's are in what the last compaction kept."""
+        events = since_compaction(agent.session.history.path)[1]
         last = max((i for i, e in enumerate(events) if e["type"] == "assistant"), default=None)
         if last is None:
             return

@@ -35,7 +35,7 @@ class History:
     def _open(self) -> int:
         if self._fd is None:
             repair_tail(self.path)
-            self._seq = sum(1 for _ in iter_events(self.path))
+            self._seq = next_n(self.path)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
             if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO planted in its place: refuse, never block
                 os.close(fd)
@@ -69,6 +69,16 @@ class History:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def next_n(path: Path) -> int:
+    """The `n` of the next event: one past the last one's, read from the end (a history grows for the
+    session's life: counting its events at every open cost its whole length). A history whose last event
+    has no `n` (edited by hand) is counted."""
+    last = next(latest_events(path), None)
+    if last is not None and type(last.get("n")) is int and last["n"] >= 0:
+        return last["n"] + 1
+    return sum(1 for _ in iter_events(path))
 
 
 def repair_tail(path: Path) -> bool:

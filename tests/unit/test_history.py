@@ -93,3 +93,24 @@ def test_since_compaction_reads_back_only_to_what_the_compaction_kept(tmp_path, 
     last, tail = since_compaction(path)
     assert last["n"] == 100_000 and [e["n"] for e in tail] == [*range(99_990, 100_002)]
     assert len(parsed) == len(tail) + 1  # and the one line that says where to stop
+
+
+def test_the_next_event_number_comes_from_the_end_of_the_history(tmp_path, monkeypatch):
+    """One past the last event's `n`, read from the end: counting every event at each open cost the
+    session's whole life, and after a line was damaged by hand the count gave an `n` already used."""
+    from primefs.store import history
+
+    path = tmp_path / "history.jsonl"
+    path.write_text("".join(json.dumps({"ts": 1.0, "type": "x", "n": i}) + "\n" for i in range(50_000)))
+    parsed = []
+    real = history.parse_event
+    monkeypatch.setattr(history, "parse_event", lambda line: parsed.append(1) or real(line))
+    assert history.next_n(path) == 50_000 and len(parsed) == 1
+    monkeypatch.undo()
+    lines = path.read_text().splitlines(keepends=True)
+    lines[10] = "garbled by hand\n"
+    path.write_text("".join(lines))
+    assert history.next_n(path) == 50_000
+    path.write_text('{"ts": 1.0, "type": "x", "n": 0}\n{"ts": 2.0, "type": "x"}\n')  # no n at the end: counted
+    assert history.next_n(path) == 2
+    assert history.next_n(tmp_path / "none.jsonl") == 0
