@@ -23,3 +23,48 @@ def test_safe_dump_takes_round_trip_types_and_keeps_working_after_a_failure(tmp_
     meta, body = split(dump({"from": "a", "kind": "result", "to": quoted["name"]}, "hello\n", safe=True))
     assert meta == {"from": "a", "kind": "result", "to": "e1"} and body == "hello\n"
 
+
+
+SAFE_CASES = [
+    "sandbox: off\nx: yes\ny: 010\nz: 0o10\nd: 2026-12-06\nt: 2026-12-06T19:17:00Z\nf: 1e3\nn: ~\nb: true\n",
+    "a: &x [1, 2]\nb: *x\n", "<<: {a: 1}\nb: 2\n", "- 1\n- 2.5\n- .inf\n", "k: 'quoted'\nm: \"\\u00e9\"\n",
+    "%YAML 1.1\n---\nx: yes\n", "x: !!binary aGVsbG8=\n", "just text", "{a: [b, {c: d}]}", "",
+    "a: 1\na: 2\n", "a: [1\n", "x: \"\\ud800\"\n", "x: !!python/object:os.system echo\n",
+]
+
+
+@pytest.mark.parametrize("raw", SAFE_CASES)
+def test_the_safe_load_gives_what_ruamels_safe_load_gives(raw):
+    """Machine-written YAML is read by ruamel's C loader put together once (frontmatter._CSafeLoader), not at
+    each load: the same values, the same errors, YAML 1.2's types (`off` stays a string)."""
+    from ruamel.yaml import YAML
+
+    from primefs.store.frontmatter import _safe_load
+
+    def outcome(load):
+        try:
+            return repr(load(raw))
+        except Exception as exc:  # noqa: BLE001 - compared, whatever it is
+            return type(exc).__name__
+
+    assert outcome(_safe_load) == outcome(lambda r: YAML(typ="safe").load(r) if "ud800" not in r
+                                          else YAML(typ="safe", pure=True).load(r))
+
+
+def test_a_safe_load_leaves_little_for_the_cycle_collector():
+    """ruamel's own safe load made a loader class and YAML 1.2's tables at each call: ~100 objects in cycles,
+    freed only by the cycle collector, in a runner that reads session.yaml and mail all day."""
+    import gc
+
+    from primefs.store.frontmatter import _CSafeLoader, _safe_load
+
+    assert _CSafeLoader is not None  # ruamel.yaml.clib is a dependency
+    raw = "id: 1733512345.abcdef12\nfrom: user\nkind: user\ncreated: '2026-12-06T19:17:00+00:00'\n"
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(100):
+            _safe_load(raw)
+    finally:
+        gc.enable()
+    assert gc.collect() < 100 * 10
