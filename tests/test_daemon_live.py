@@ -46,6 +46,7 @@ def test_up_runner_goal_tail_agents_down(ws, scripted, daemon_cleanup):
     wait_for(lambda: s.read_result() == "done" and s.reload()["status"] == "idle", what="result")
     text = cli(ws, "runner").stdout
     assert f"runner: running, pid {pid}" in text and "memory: runner" in text
+    assert all(len(line) <= 80 for line in text.splitlines() if not line.startswith("log: ")), text  # (80 columns)
     # agents --once: one frame with the tree
     frame = cli(ws, "agents", "--once")
     assert frame.returncode == 0, frame.stderr

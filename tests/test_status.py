@@ -266,3 +266,28 @@ def test_names_that_begin_alike_stay_apart_at_80_columns(ws, scripted):
     names = [line.split()[0] for line in lines[1:] if not line.lstrip().startswith("+")]
     assert len(names) == 14 and len(set(names)) == 14, out  # two roots, twelve children: fourteen names
     assert any(n.endswith("kids.12") for n in names) and any(n.endswith("other-job") for n in names), out
+
+
+def test_logs_fit_an_80_column_terminal_and_stay_whole_when_piped(ws, scripted):
+    """At a terminal each event is one line of its width, the session by its name (cut in the middle), none
+    when one session is asked for; piped, lines stay whole with ids, for scripts."""
+    import re
+
+    from conftest import cli, run_once
+
+    from primefs.store.goals import write_goal
+
+    reply = "The sum of the numbers from zero to nine is forty-five, as the kernel computed it just now."
+    ws = scripted(f"default:\n  - code: print(sum(range(10)))\n  - text: {reply}\n")
+    write_goal(ws, "Add up the numbers from zero to nine and say what the total is", name="20261206-193343-add-them-up")
+    run_once(ws)
+    term = {"COLUMNS": "80", "FORCE_COLOR": "1"}  # (as on a terminal)
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", cli(ws, "logs", "-n", "0", env=term).stdout).splitlines()
+    assert lines and all(len(line) <= 80 for line in lines), lines
+    assert all(not line.startswith("2026") and "202612…3-add-them-up  " in line for line in lines), lines
+    assert any(re.search(r"  result  The sum of the numbers.*…$", line) for line in lines), lines
+    one = re.sub(r"\x1b\[[0-9;]*m", "", cli(ws, "logs", "-n", "0", "-s", "20261206-193343-add-them-up",
+                                             env=term).stdout).splitlines()
+    assert one and all(len(line) <= 80 and "add-them-up" not in line for line in one), one
+    piped = cli(ws, "logs", "-n", "0").stdout.splitlines()
+    assert any(line.endswith(f"result  {reply}") and "(20261206-193343-add-them-up)" in line for line in piped), piped

@@ -23,6 +23,7 @@ import click
 
 from primefs.errors import PrimefsError
 from primefs.store.control import lock_held, lock_path, read_lock_file, read_state, runner_state, state_path
+from primefs.views.sessions import cut_middle
 from primefs.views.when import human_age
 
 LOG_NAME = "runner.log"
@@ -302,6 +303,9 @@ def _wait_gone(ws, pid: int, timeout: float) -> bool:
     return not lock_held(ws) and not alive(pid)
 
 
+SHOW_SESSIONS = 5  # of each list in `primefs runner` (a runner may have thousands queued)
+
+
 def _session_labels(ws, ids: list[str]) -> list[str]:
     from primefs.store.session import Session
 
@@ -311,7 +315,7 @@ def _session_labels(ws, ids: list[str]) -> list[str]:
             name = Session(ws.sessions / sid).meta.get("name")
         except Exception:
             name = None
-        out.append(f"{sid} ({name})" if name and name != sid else sid)
+        out.append(f"{sid} ({cut_middle(str(name), 48)})" if name and name != sid else sid)
     return out
 
 
@@ -367,7 +371,10 @@ def runner_cmd(ctx, as_json):
             lines.append(f"  Ray node {n['node']}: " + (f"lost ({n['lost']})" if n["lost"] else f"{n['kernels']} kernel(s)"))
         for key in ("active", "waiting", "queued"):
             ids = out[f"{key}_sessions"]
-            lines.append(f"{key} sessions: {len(ids)}" + (f": {', '.join(_session_labels(ws, ids))}" if ids else ""))
+            more = len(ids) - SHOW_SESSIONS
+            lines.append(f"{key} sessions: {len(ids):,}" + (f" (the first {SHOW_SESSIONS}; `primefs status` lists all)"
+                                                           if more > 0 else ""))
+            lines += [f"  {label}" for label in _session_labels(ws, ids[:SHOW_SESSIONS])]
         if out["idle_exit_s"] is not None:
             lines.append(f"stops after {out['idle_exit_s']:g} s without work (--idle-exit)")
     mem = out["memory"]
@@ -378,6 +385,6 @@ def runner_cmd(ctx, as_json):
         n_sessions = sum(1 for k in mem["kernels"] if k["role"] == "session")
         kernels = (f"{n_sessions} kernel(s) and their template {_mb(mem['kernels_pss_kb'])} PSS, "
                    f"{_mb(mem['kernels_rss_kb'])} RSS")
-        lines.append(f"memory: {runner_mem}; {kernels}; total {_mb(mem['total_pss_kb'])} PSS")
+        lines += [f"memory: {runner_mem}", f"  {kernels}", f"  total {_mb(mem['total_pss_kb'])} PSS"]
     lines.append(f"log: {out['log']}")
     click.echo("\n".join(lines))

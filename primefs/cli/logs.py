@@ -13,7 +13,9 @@ from primefs.index.archived import sync_archives
 from primefs.index.db import Index
 from primefs.index.events import sync_events
 from primefs.index.find import find_events
+from primefs.views.console import out
 from primefs.views.events import cached_text
+from primefs.views.sessions import cut_middle
 from primefs.views.when import parse_when
 
 
@@ -60,6 +62,19 @@ def one_line(e: dict) -> str:
             return _short(e[key])
     return _short(json.dumps({k: v for k, v in e.items() if k not in ("ts", "type", "n", "session", "session_name")},
                              ensure_ascii=False, default=str))
+
+
+def event_line(e: dict, width: int | None = None, one_session: bool = False) -> str:
+    """An event of `logs`: its time, session, type and what it says. Piped (`width` None) whole, ids included,
+    for scripts; at a terminal one line of `width`, the session by its name (none if only one is shown)."""
+    ts = e.get("ts") if isinstance(e.get("ts"), (int, float)) else None
+    name = e["session_name"] or "session.yaml broken"  # (no name can be read of it)
+    if width is None:
+        when = datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts is not None else "?"
+        return f"{when}  {e['session']} ({name})  {e.get('type')}  {one_line(e)}"
+    when = datetime.fromtimestamp(ts).strftime("%m-%d %H:%M:%S") if ts is not None else "?"
+    head = f"{when}  {'' if one_session else cut_middle(name, 20) + '  '}{e.get('type')}  "
+    return head + _short(one_line(e), max(12, width - len(head)))
 
 
 def _sessions(index: Index, keys: tuple, tree: bool) -> list[str] | None:
@@ -123,10 +138,11 @@ def logs_cmd(ctx, count, sessions, tree, name, statuses, model, since, until, ty
     if as_json:
         click.echo(json.dumps(events, indent=2, ensure_ascii=False, default=str))
     else:
+        console = out()
+        width = console.width if console.is_terminal else None
+        one = len(filters["sessions"] or ()) == 1
         for e in events:
-            when = datetime.fromtimestamp(e["ts"]).strftime("%Y-%m-%d %H:%M:%S") if isinstance(e.get("ts"), (int, float)) else "?"
-            name = e["session_name"] or "session.yaml broken"  # (no name can be read of it)
-            click.echo(f"{when}  {e['session']} ({name})  {e.get('type')}  {one_line(e)}")
+            click.echo(event_line(e, width, one))
     shown = len(events)
     tail = "" if shown == found["events"] else f" (the newest {shown}; -n 0 shows all)"
     click.echo(f"{found['events']:,} matching event(s){tail}" if found["events"] else "no matching events", err=True)

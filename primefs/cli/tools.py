@@ -44,8 +44,8 @@ def tools_cmd(ctx, as_json):
         return
     console = out(soft_wrap=True)
     if not found:
-        console.print("no tools (plugins register them with register_tools; MCP servers go under mcp_servers: "
-                  "in primefs.yaml)")
+        console.print("no tools: plugins register them with register_tools,\nand MCP servers go under mcp_servers: "
+                      "in primefs.yaml")
     for t in found:
         if t.problem:
             console.print(f"[red]{escape(t.name)}[/red]  ({t.runs}, {escape(t.plugin)})  [red]error:[/red] "
