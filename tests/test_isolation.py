@@ -332,3 +332,31 @@ def test_a_kernel_cannot_take_over_another_sessions_name(ws, scripted):
     assert len(by["victim"]) == 1 and len(by["mine"]) == 1
     r = cli(ws, "result", "victim")
     assert r.stdout.strip() == "victim here", r.stdout
+
+
+def test_what_a_session_wrote_cannot_drive_the_persons_terminal(ws, scripted):
+    """A reply or a cell's output (a prompt injection may write them) with terminal escapes: OSC 52 sets the
+    clipboard, CSI 2J clears the screen. At a terminal every command shows them as symbols (ESC as ␛); piped
+    output keeps the files' text. A mail file's name cannot forge a line of the runner's log."""
+    import re
+
+    ws = scripted('- code: "print(\'out \\\\x1b[2J\')"\n- text: "reply \\e]52;c;ZXZpbA==\\a \\e[2J done"\n')
+    write_goal(ws, "Say something", name="talker")
+    run_once(ws)
+    s = next(x for x in list_sessions(ws.sessions) if x.name == "talker")
+    assert "\x1b]52;" in s.read_result() and "\x1b[2J" in s.events("cell")[0]["output"]  # the files hold them
+    term = {"COLUMNS": "100", "FORCE_COLOR": "1"}  # (as on a terminal)
+    own_escapes = re.compile(r"\x1b\[[0-9;]*m")  # rich's colours: the only escapes allowed through
+    for args in (["result", "talker"], ["log", "talker"], ["logs", "-n", "0"], ["status", "-a"]):
+        shown = cli(ws, *args, env=term).stdout
+        assert "\x1b" not in own_escapes.sub("", shown), (args, shown)
+    assert "␛]52;c;ZXZpbA==" in cli(ws, "result", "talker", env=term).stdout
+    assert "␛[2J" in cli(ws, "log", "talker", env=term).stdout
+    assert "\x1b]52;" in cli(ws, "result", "talker").stdout  # piped: the text as it is
+    # a mail name with a newline: one line in the runner's log, not a forged second one
+    hand = s.mail / "tmp" / "evil\nwarning: forged line"
+    hand.write_text("---\nfrom: [\n---\nbad front matter\n")
+    os.rename(hand, s.mail / "new" / hand.name)
+    lines = run_once(ws)
+    assert not any(line.startswith("warning: forged") for line in lines), lines
+    assert any("evil␤warning: forged line" in line for line in lines), lines

@@ -12,6 +12,7 @@ from primefs.cli.options import emit, json_option, print_table, workspace, ws_op
 from primefs.errors import PrimefsError
 from primefs.harness.commits import summary
 from primefs.harness.entries import KINDS, Harness, session_chain
+from primefs.views.console import echo
 
 
 def _ws(ctx):
@@ -63,7 +64,7 @@ def show(ctx, kind, name, session):
         raise PrimefsError(f"no {kind} named {name!r} in the harness")
     path = ws.root / e.path
     click.echo(f"# {e.path} ({e.scope})")
-    click.echo((path / "SKILL.md" if path.is_dir() else path).read_text(encoding="utf-8"), nl=False)
+    echo((path / "SKILL.md" if path.is_dir() else path).read_text(encoding="utf-8"), nl=False)
     for f in e.files:
         click.echo(f"\n# {e.path}/{f}")
 

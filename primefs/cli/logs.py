@@ -13,7 +13,7 @@ from primefs.index.archived import sync_archives
 from primefs.index.db import Index
 from primefs.index.events import sync_events
 from primefs.index.find import find_events
-from primefs.views.console import out
+from primefs.views.console import echo, out
 from primefs.views.events import cached_text
 from primefs.views.sessions import cut_middle
 from primefs.views.when import parse_when
@@ -142,7 +142,7 @@ def logs_cmd(ctx, count, sessions, tree, name, statuses, model, since, until, ty
         width = console.width if console.is_terminal else None
         one = len(filters["sessions"] or ()) == 1
         for e in events:
-            click.echo(event_line(e, width, one))
+            echo(event_line(e, width, one))
     shown = len(events)
     tail = "" if shown == found["events"] else f" (the newest {shown}; -n 0 shows all)"
     click.echo(f"{found['events']:,} matching event(s){tail}" if found["events"] else "no matching events", err=True)

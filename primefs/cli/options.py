@@ -7,7 +7,7 @@ import click
 
 from primefs.errors import PrimefsError
 from primefs.store.workspace import find_workspace
-from primefs.views.console import err, out
+from primefs.views.console import echo, err, out
 
 RAY_FROM_CONFIG = "<hosts>"  # `--ray` without an address
 
@@ -31,7 +31,7 @@ def emit(as_json: bool, data, text: str) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=1, default=str))
     elif text:
-        click.echo(text)
+        echo(text)  # (it may hold what a session wrote)
 
 
 def write_json_array(lines: list[str], chunk: int = 2000) -> None:

@@ -15,7 +15,7 @@ from primefs.cli.options import emit, json_option, workspace, ws_option
 from primefs.errors import PrimefsError
 from primefs.index.db import find_session
 from primefs.store.session import Session
-from primefs.views.console import err
+from primefs.views.console import echo, err
 
 FAILED_EXIT, TIMEOUT_EXIT = 3, 124
 
@@ -34,7 +34,7 @@ def finish(ctx, s: Session, as_json: bool) -> None:
         emit(True, out, "")
     else:
         if out["result"] is not None:
-            click.echo(out["result"].rstrip("\n"))
+            echo(out["result"].rstrip("\n"))
         if failed or out["result"] is None:
             why = f" ({out['stop_reason']})" if out["stop_reason"] else ""
             err().print(f"{s.name} is {out['status']}{why}" + (f": {out['error']}" if out["error"] else ""),
@@ -210,7 +210,7 @@ def exec_cmd(ctx, session, code, as_json):
         emit(True, reply, "")
     else:
         if reply.get("output"):
-            click.echo(reply["output"], nl=not reply["output"].endswith("\n"))
+            echo(reply["output"], nl=not reply["output"].endswith("\n"))
         if reply.get("error"):
             err().print(reply["error"], markup=False, soft_wrap=True)
         if reply.get("timed_out"):

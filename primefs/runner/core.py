@@ -48,6 +48,7 @@ from primefs.store.gitops import Committer, commit_cut_off
 from primefs.store.session import Session
 from primefs.store.settings import check_sandbox
 from primefs.store.workspace import Workspace
+from primefs.views.console import ONE_LINE
 
 RESCAN_S = 5.0
 STATE_S = 2.0  # how often .primefs/runner.json is refreshed
@@ -100,7 +101,9 @@ class OnceLog:
         self.lock = threading.Lock()
 
     def __call__(self, msg: str) -> None:
-        msg = redact.text(msg)
+        # one line a message, whatever a name or an error in it holds (a mail file's name with a newline
+        # forged a second log line), and no terminal escapes in .primefs/runner.log
+        msg = redact.text(msg).translate(ONE_LINE)
         if msg.startswith(("warning:", "error", "goal error:")):
             with self.lock:
                 if msg in self.said:
