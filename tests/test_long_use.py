@@ -259,3 +259,32 @@ def test_a_session_remembers_the_ids_its_conversation_holds_not_its_whole_life(w
     last = s.events("compaction")[-1]
     assert seen == {e["id"] for e in s.events("message") if e["n"] > last["upto_n"]}
     assert 0 < len(seen) < 8
+
+
+def test_a_session_whose_history_cannot_be_written_fails_once_and_keeps_its_mail(ws):
+    """A folder put where a session's history belongs: its mail failed it at once, the failure could not be
+    written either, so the session was never failed and `run --once` took its mail again and again (a core,
+    for ever). Now it is failed with the reason, the mail stays in new/, and only new mail tries again."""
+    import shutil
+    import subprocess
+    import sys
+
+    from primefs.store import mail
+
+    ws = scripted(ws, "default:\n" + "  - text: fine\n" * 5)
+    write_goal(ws, "Talk", name="talk")
+    run_once(ws)
+    s = session_named(ws, "talk")
+    (s.dir / "history.jsonl").unlink()
+    (s.dir / "history.jsonl").mkdir()
+    mail.deliver(s.mail, sender="user", to=s.id, kind="user", text="hello")
+    r = subprocess.run([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "--once"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 3 and "Is a directory" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    meta = s.reload()
+    assert meta["status"] == "failed" and "Is a directory" in meta["error"]
+    assert len(mail.new_files(s.mail)) == 1  # not lost: taken once the history is back
+    shutil.rmtree(s.dir / "history.jsonl")
+    (s.dir / "history.jsonl").write_text("")
+    run_once(ws)
+    assert [e["text"] for e in s.events("message")] == ["hello"] and s.read_result() == "fine"

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from primefs.errors import PrimefsError
 from primefs.runner.bell import Bell
 from primefs.runner.tree import SessionTree
 from primefs.store import mail
@@ -26,6 +27,7 @@ class PostOffice:
         self.on_mail = on_mail  # new mail for a session: the scheduler may queue a turn
         self._results: dict[str, dict[str, list[mail.Message]]] = {}  # parent -> child -> result mail sent
         self._stuck: set[Path] = set()  # bad mail that could not even be moved aside: skipped, said once
+        self._held: dict[str, set[Path]] = {}  # sid -> its unread mail when it failed before taking it
 
     def deliver(self, sid: str, *, sender: str, kind: str, text: str, extra: dict | None = None,
                 msg_id: str | None = None) -> mail.Message:
@@ -39,8 +41,19 @@ class PostOffice:
         return msg
 
     def has_new(self, sid: str) -> bool:
-        """Unread mail that can be read (bad mail that could not be moved aside does not count)."""
-        return any(p not in self._stuck for p in mail.new_files(self.tree.session(sid).mail))
+        """Unread mail that can be read (bad mail that could not be moved aside does not count, nor mail held
+        back: see hold_back)."""
+        held = self._held.get(sid, ())
+        return any(p not in self._stuck and p not in held for p in mail.new_files(self.tree.session(sid).mail))
+
+    def hold_back(self, sid: str) -> None:
+        """The session failed before it took its unread mail (a file of its own unusable, e.g. a folder where its
+        history belongs): that mail starts no more turns, or a runner would fail it again and again (a core, for
+        ever). It stays in new/; new mail, or a later runner, tries again, and it is taken then."""
+        try:
+            self._held[sid] = set(mail.new_files(self.tree.session(sid).mail))
+        except (OSError, PrimefsError):
+            pass
 
     # -- reading ----------------------------------------------------------------------------------
     def _claim_all(self, agent, limit: int | None = None) -> list[tuple[mail.Message, Path]]:
@@ -50,6 +63,7 @@ class PostOffice:
         message never starts two turns.
         """
         s = agent.session
+        self._held.pop(s.id, None)
         out = []
         try:
             for name in mail.mend(s.mail):

@@ -99,7 +99,8 @@ class Turns:
             self.log(f"error in session {sid}: {type(exc).__name__}: {exc}")
             if not self.bell.stopping:  # torn down under it: resumable, not failed
                 self._fail(sid, exc)
-            return False  # the mail that was waiting would fail it again at once: new mail wakes it
+                self.post.hold_back(sid)  # the mail that was waiting would fail it again at once: new mail wakes it
+            return False
         finally:
             if agent is not None and not self.bell.stopping:
                 self.kernels.park(agent)
@@ -113,14 +114,21 @@ class Turns:
             return False
 
     def _fail(self, sid: str, exc: Exception) -> None:
-        try:
-            s = self.tree.session(sid)
-            s.history.append("error", error=f"{type(exc).__name__}: {exc}")
-            s.set_status("failed", error=f"{type(exc).__name__}: {exc}", stop_reason="error")
-            self.failed.add(sid)
-            self.report_to_parent(s, None)
-        except Exception:
-            pass
+        """Each step on its own: a history that cannot be written (a folder put in its place) must not keep the
+        session from being failed, or a runner would take its mail again and again."""
+        self.failed.add(sid)
+        error = f"{type(exc).__name__}: {exc}"
+        for step in ("history", "status", "parent"):
+            try:
+                s = self.tree.session(sid)
+                if step == "history":
+                    s.history.append("error", error=error)
+                elif step == "status":
+                    s.set_status("failed", error=error, stop_reason="error")
+                else:
+                    self.report_to_parent(s, None)
+            except Exception:  # noqa: BLE001 - said in the runner's log already; the next step still tried
+                pass
 
     def _begin_turn(self, agent: Agent) -> bool:
         """Record what starts the next turn; False if there is nothing to do."""
