@@ -87,6 +87,7 @@ def test_mail_that_is_a_folder_or_nested_goes_to_bad_without_a_hot_loop(ws):
     ("{cell_timeout_s: .inf}", "limit cell_timeout_s must be a finite number, not inf"),
     ("{max_idle_kernels: 1e9}", "limit max_idle_kernels must be between 0 and 10000, not 1000000000"),
     ("{max_steps_per_turn: 2.5}", "limit max_steps_per_turn must be a whole number, not 2.5"),
+    ("{max_steps_per_turn: 1e99}", "limit max_steps_per_turn must be between 1 and 100000, not 1e+99"),
 ])
 def test_bad_limits_are_one_line_naming_key_and_range(ws, limits, said):
     text = (ws.root / "primefs.yaml").read_text()

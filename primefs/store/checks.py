@@ -21,7 +21,8 @@ def number(value, where: str, kind: str, low, high):
     positive = low == 0 and math.copysign(1, low) < 0
     if (positive and value <= 0) or value < low or value > high:
         shown = f"above 0 and at most {high:g}" if positive else f"between {low:g} and {high:g}"
-        raise PrimefsError(f"{where} must be {shown}, not {value!r}")
+        given = f"{value:g}" if abs(value) >= 1e15 else repr(value)  # 1e+99, not the hundred digits of int(1e99)
+        raise PrimefsError(f"{where} must be {shown}, not {given}")
     return value
 
 
