@@ -87,7 +87,7 @@ class Agent:
         self.retire_kernel: str | None = None  # its kernel must go when this turn ends, and why
         self.warned: set[str] = set()  # harness problems already recorded in this session's history
         self.messages: list[dict] | None = None
-        self.seen_ids: set[str] = set()  # ids of the messages in its conversation since its last compaction: none is shown twice
+        self.seen_ids: set[str] = set()  # ids of the messages of its conversation (since its last compaction)
         self.claimed: set[Path] | None = None  # mail/cur/ files claimed, not acknowledged (None: not listed yet)
         self.turns = 0
         self.done_answer: str | None = None

@@ -46,14 +46,21 @@ class PostOffice:
         held = self._held.get(sid, ())
         return any(p not in self._stuck and p not in held for p in mail.new_files(self.tree.session(sid).mail))
 
-    def hold_back(self, sid: str) -> None:
+    def hold_back(self, sid: str, before: float) -> None:
         """The session failed before it took its unread mail (a file of its own unusable, e.g. a folder where its
-        history belongs): that mail starts no more turns, or a runner would fail it again and again (a core, for
-        ever). It stays in new/; new mail, or a later runner, tries again, and it is taken then."""
+        history belongs): the mail written `before` then starts no more turns, or a runner would fail it again and
+        again (a core, for ever). It stays in new/; new mail, or a later runner, tries again, and takes it."""
+        held = set()
         try:
-            self._held[sid] = set(mail.new_files(self.tree.session(sid).mail))
+            for path in mail.new_files(self.tree.session(sid).mail):
+                try:
+                    if os.lstat(path).st_mtime < before:
+                        held.add(path)
+                except OSError:
+                    pass
         except (OSError, PrimefsError):
-            pass
+            return
+        self._held[sid] = held
 
     # -- reading ----------------------------------------------------------------------------------
     def _claim_all(self, agent, limit: int | None = None) -> list[tuple[mail.Message, Path]]:

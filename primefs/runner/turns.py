@@ -88,7 +88,7 @@ class Turns:
     # -- the worker -------------------------------------------------------------------------------
     def work(self, sid: str) -> bool:
         """A scheduler worker: turns until the session has no input left. True if more came meanwhile."""
-        agent = None
+        agent, began = None, time.time()
         try:
             agent = self.agent(sid)
             with agent.turn_lock:
@@ -99,7 +99,7 @@ class Turns:
             self.log(f"error in session {sid}: {type(exc).__name__}: {exc}")
             if not self.bell.stopping:  # torn down under it: resumable, not failed
                 self._fail(sid, exc)
-                self.post.hold_back(sid)  # the mail that was waiting would fail it again at once: new mail wakes it
+                self.post.hold_back(sid, began)  # the mail that was waiting would fail it again at once
             return False
         finally:
             if agent is not None and not self.bell.stopping:
