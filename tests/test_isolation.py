@@ -360,3 +360,43 @@ def test_what_a_session_wrote_cannot_drive_the_persons_terminal(ws, scripted):
     lines = run_once(ws)
     assert not any(line.startswith("warning: forged") for line in lines), lines
     assert any("evil␤warning: forged line" in line for line in lines), lines
+
+
+FLOOD = """\
+import gc, socket, time
+link = next(o for o in gc.get_objects() if type(o).__name__ == "_Link")
+held = []
+for _ in range(300):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(link.sock)
+    s.sendall(b'{"token": ')
+    held.append(s)
+open("holding", "w").close()
+time.sleep(20)
+print("held", len(held))
+"""
+
+
+def test_a_kernel_that_floods_the_runners_socket_does_not_stop_other_sessions(ws, scripted):
+    """Requests a kernel leaves half sent hold the runner's reading of requests (at most 256 at once). One
+    kernel holding them all made every other kernel's requests fail, the hello of a kernel starting too, for
+    as long as it kept at it. Now each session tree has a share (rpc.MAX_READING_EACH)."""
+    import time
+
+    flood = "\n".join("          " + line for line in FLOOD.splitlines())
+    ws = scripted("rules:\n  - match: '^Flood'\n    replies:\n      - code: |\n" + flood + "\n      - text: flooded\n"
+                  "  - match: '^Victim'\n    replies:\n      - code: print(llm('say hi'))\n      - text: victim done\n"
+                  "  - match: '^say hi'\n    replies:\n      - text: hi there\n")
+    with BackgroundRunner(ws):
+        write_goal(ws, "Flood the socket", name="flood")
+        attacker = wait_for(lambda: next((s for s in list_sessions(ws.sessions) if s.name == "flood"), None))
+        wait_for(lambda: (attacker.dir / "work" / "holding").exists(), 60, "the attacker holding its connections")
+        write_goal(ws, "Victim job", name="victim")
+        victim = wait_for(lambda: next((s for s in list_sessions(ws.sessions) if s.name == "victim"
+                                        and s.read_result()), None), 60, "the victim's answer")
+        answered = time.time()
+        wait_for(lambda: attacker.read_result() == "flooded", 60, "the attacker's end")
+    assert victim.events("cell")[0]["output"] == "hi there\n", victim.events("cell")
+    assert victim.read_result() == "victim done"
+    held = attacker.events("cell")[0]
+    assert held["output"] == "held 300\n" and held["ts"] > answered  # the victim was served while it held

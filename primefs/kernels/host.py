@@ -32,20 +32,25 @@ class KernelSpec:
     resources: dict = field(default_factory=dict)  # what a placement needs (num_cpus, memory, ...)
     sandbox: dict | None = None  # settings.SANDBOX keys; None: no sandbox
     hidden: list = field(default_factory=list)  # files a sandboxed kernel must not read (api_key_file keys)
+    tree: str = ""  # the root of its session's tree: the kernels of a tree share what the runner reads at once
 
     def __post_init__(self):
         self.cwd = Path(self.cwd or self.workspace)
+
+    @property
+    def owner(self) -> str:
+        return self.tree or self.session_id
 
     def to_dict(self) -> dict:
         """Plain data, for another process (a Ray node)."""
         return {"session_id": self.session_id, "workspace": str(self.workspace), "cwd": str(self.cwd),
                 "rooms": [str(r) for r in self.rooms], "setup": dict(self.setup), "resources": dict(self.resources),
-                "sandbox": self.sandbox, "hidden": [str(h) for h in self.hidden]}
+                "sandbox": self.sandbox, "hidden": [str(h) for h in self.hidden], "tree": self.tree}
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelSpec":
         return cls(d["session_id"], Path(d["workspace"]), Path(d["cwd"]), [Path(r) for r in d["rooms"]],
-                   d["setup"], d["resources"], d["sandbox"], d.get("hidden") or [])
+                   d["setup"], d["resources"], d["sandbox"], d.get("hidden") or [], d.get("tree") or "")
 
 
 class KernelHandle(ABC):

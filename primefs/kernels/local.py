@@ -144,7 +144,7 @@ class LocalKernelHost(KernelHost):
         self._hellos: dict[int, dict] = {}  # request id -> {key, token, pid, known}: what its kernel fetches
         self._server: subprocess.Popen | None = None
         self._ready = threading.Event()
-        self.rpc = RpcServer(self.runtime / "rpc.sock", self._serve)
+        self.rpc = RpcServer(self.runtime / "rpc.sock", self._serve, owner=self._owner)
         if os.getuid() == 0:  # sandboxed kernels run as nobody; the folder is root's alone (0700)
             os.chmod(self.rpc.path, 0o666)
         self._watch: threading.Thread | None = None
@@ -230,7 +230,7 @@ class LocalKernelHost(KernelHost):
         info = connection_info(base / "k")
         conn, sock = {k: v for k, v in info.items() if k != "key"}, str(self.rpc.path)
         env, box, cgroup = kernel_env(), None, None
-        hello = {"key": info["key"], "token": token, "pid": None, "known": threading.Event()}
+        hello = {"key": info["key"], "token": token, "pid": None, "known": threading.Event(), "owner": spec.owner}
         with self._lock:
             self._hellos[rid] = hello
         try:
@@ -306,6 +306,20 @@ class LocalKernelHost(KernelHost):
     def kernel_pids(self) -> list[int]:
         with self._lock:
             return sorted(self._by_pid)
+
+    def _owner(self, pid: int) -> str:
+        """Whose a calling process is: the owner of the kernel it is or descends from (a kernel still starting
+        too), "" if none (the shares of the requests the runner reads at once: inside/rpc.py)."""
+        with self._lock:
+            owners = {k.pid: k.spec.owner for k in self._by_pid.values()}
+            owners.update((h["pid"], h["owner"]) for h in self._hellos.values() if h["pid"] is not None)
+        for _ in range(64):
+            if pid in owners:
+                return owners[pid]
+            if pid <= 1:
+                return ""
+            pid = parent_pid(pid)
+        return ""
 
     def _serve(self, token: str, peer: int, op: str, args: dict):
         if op == "hello":

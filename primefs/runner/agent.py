@@ -65,7 +65,7 @@ def kernel_spec(agent: Agent) -> KernelSpec:
                              "skills_refused": refused,
                              "tools": [t.spec() for t in agent.tools()], "plugins_dir": str(ws.plugins)},
                       resources=dict(meta.get("resources") or {}), sandbox=box,
-                      hidden=[*key_files(ws.config), str(lock_file(ws.root))])
+                      hidden=[*key_files(ws.config), str(lock_file(ws.root))], tree=agent.tree.root(agent.session.id))
 
 
 class Agent:

@@ -25,7 +25,11 @@ READ_TIMEOUT_S = 30.0  # for the whole request line, not for each read: a byte n
 # Requests still arriving, over all connections (a kernel is untrusted: slow or huge requests by the thousand
 # took the runner's memory and every file descriptor it may open): past either, a new one is refused at once.
 MAX_READING = 256
-MAX_READING_BYTES = MAX_REQUEST_BYTES
+MAX_READING_BYTES = 2 * MAX_REQUEST_BYTES
+# ... and from the kernels of one owner (a session tree: `owner`), so that one holding all of them cannot make
+# every other kernel's requests fail
+MAX_READING_EACH = 32
+MAX_READING_BYTES_EACH = MAX_REQUEST_BYTES
 CHUNK = 1 << 20
 
 
@@ -52,9 +56,12 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 class RpcServer:
-    def __init__(self, path: Path, handler: Handler):
+    def __init__(self, path: Path, handler: Handler, owner: Callable[[int], str] | None = None):
+        """`owner(pid)`: whose the calling process is (its kernel's session tree; "" if no kernel's), for the
+        shares of MAX_READING_EACH; without it, all callers are one."""
         self.path = Path(path)
         self.handler = handler
+        self.owner = owner
         try:
             self.path.unlink()
         except FileNotFoundError:
@@ -64,21 +71,29 @@ class RpcServer:
         self.lock = threading.Lock()
         self.reading = 0  # connections whose request is still arriving
         self.reading_bytes = 0  # what they sent so far
+        self.reading_of: dict[str, list[int]] = {}  # owner -> [connections, bytes] of those
 
         class Conn(socketserver.StreamRequestHandler):
             timeout = READ_TIMEOUT_S  # a caller that connects and says nothing holds no thread for long
 
             def handle(self):
+                pid = peer_pid(self.connection)
+                owner = outer.owner(pid) if outer.owner is not None else ""
                 with outer.lock:
-                    busy = outer.reading >= MAX_READING
-                    outer.reading += not busy
+                    mine = outer.reading_of.setdefault(owner, [0, 0])
+                    busy = outer.reading >= MAX_READING or mine[0] >= MAX_READING_EACH
+                    if not busy:
+                        outer.reading += 1
+                        mine[0] += 1
+                    elif not mine[0]:
+                        del outer.reading_of[owner]
                 if busy:
                     self._reply(error_reply(RuntimeError("the runner is reading too many requests at once; "
                                                          "try again")))
                     return
                 held = [0]
                 try:
-                    line = self._read_line(held)
+                    line = self._read_line(held, mine)
                 except (OSError, ValueError) as exc:  # slow, huge, or cut off
                     if not isinstance(exc, ValueError):
                         return
@@ -88,21 +103,24 @@ class RpcServer:
                     with outer.lock:
                         outer.reading -= 1
                         outer.reading_bytes -= held[0]
+                        mine[0] -= 1
+                        mine[1] -= held[0]
+                        if not mine[0]:
+                            outer.reading_of.pop(owner, None)
                 if not line:
                     return
                 self.connection.settimeout(None)  # the answer may take hours (wait(), recv())
                 try:
                     req = json.loads(line)
-                    result = outer.handler(str(req.get("token", "")), peer_pid(self.connection), str(req["op"]),
-                                           req.get("args") or {})
+                    result = outer.handler(str(req.get("token", "")), pid, str(req["op"]), req.get("args") or {})
                     reply = {"ok": True, "result": result}
                 except Exception as exc:  # becomes an exception in the cell, not a runner crash
                     reply = error_reply(exc)
                 self._reply(reply)
 
-            def _read_line(self, held: list) -> bytes:
+            def _read_line(self, held: list, mine: list) -> bytes:
                 """The request line, within READ_TIMEOUT_S in all; its bytes counted in outer.reading_bytes
-                (held[0]) while it arrives."""
+                and its owner's (held[0]) while it arrives."""
                 deadline = time.monotonic() + READ_TIMEOUT_S
                 chunks = []
                 while True:
@@ -114,9 +132,11 @@ class RpcServer:
                     if not chunk:
                         return b""  # the caller went away, or cut its request off
                     with outer.lock:
-                        over = outer.reading_bytes + len(chunk) > MAX_READING_BYTES
+                        over = (outer.reading_bytes + len(chunk) > MAX_READING_BYTES
+                                or mine[1] + len(chunk) > MAX_READING_BYTES_EACH)
                         if not over:
                             outer.reading_bytes += len(chunk)
+                            mine[1] += len(chunk)
                             held[0] += len(chunk)
                     if over or held[0] > MAX_REQUEST_BYTES:
                         raise ValueError(f"request over {MAX_REQUEST_BYTES:,} bytes (with the others arriving)")
