@@ -49,6 +49,7 @@ def test_slow_and_many_requests_hold_neither_memory_nor_files(tmp_path, monkeypa
     monkeypatch.setattr(rpc, "READ_TIMEOUT_S", 1.0)
     monkeypatch.setattr(rpc, "MAX_READING", 3)
     monkeypatch.setattr(rpc, "MAX_READING_BYTES", 3 * rpc.CHUNK)
+    monkeypatch.setattr(rpc, "BUSY_RETRY_S", 0.0)  # (refused at once: see the test below for the retries)
     server = RpcServer(tmp_path / "rpc", lambda token, pid, op, args: f"{op} from {token}")
 
     def slow() -> socket.socket:
@@ -90,3 +91,33 @@ def _readable(s: socket.socket) -> bool:
     import select
 
     return bool(select.select([s], [], [], 0)[0])
+
+
+def test_a_request_refused_as_busy_is_sent_again_until_it_is_read(tmp_path, monkeypatch):
+    """A burst of a tree's own requests past its share is not a failure: `call` sends a request the runner
+    refused unread (Busy) again, for up to BUSY_RETRY_S."""
+    import time
+
+    from primefs.kernels.inside import rpc
+
+    monkeypatch.setattr(rpc, "MAX_READING", 2)
+    server = RpcServer(tmp_path / "rpc", lambda token, pid, op, args: f"{op} from {token}")
+    drips = []
+    try:
+        for _ in range(2):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(server.path))
+            s.sendall(b'{"token": ')
+            drips.append(s)
+        time.sleep(0.2)  # (both being read)
+        got = []
+        caller = threading.Thread(target=lambda: got.append(call(str(server.path), "t", "hello", timeout=30)))
+        caller.start()
+        time.sleep(0.3)
+        assert not got  # refused, and trying again
+        for s in drips:
+            s.close()
+        caller.join(10)
+        assert got == ["hello from t"]
+    finally:
+        server.close()

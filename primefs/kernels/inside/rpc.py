@@ -33,6 +33,13 @@ MAX_READING_BYTES_EACH = MAX_REQUEST_BYTES
 CHUNK = 1 << 20
 
 
+class Busy(RuntimeError):
+    """The runner reads too many requests at once (of this caller's tree, or of all): nothing of it was done."""
+
+
+BUSY_RETRY_S = 10.0  # how long a caller tries again (a burst of its own passes; a flood of another's is not its)
+
+
 class RpcError(Exception):
     def __init__(self, message: str, kind: str = ""):
         super().__init__(message)
@@ -88,8 +95,7 @@ class RpcServer:
                     elif not mine[0]:
                         del outer.reading_of[owner]
                 if busy:
-                    self._reply(error_reply(RuntimeError("the runner is reading too many requests at once; "
-                                                         "try again")))
+                    self._reply(error_reply(Busy("the runner is reading too many requests at once; try again")))
                     return
                 held = [0]
                 try:
@@ -193,11 +199,28 @@ def _connect(s: socket.socket, path: str, timeout: float | None) -> None:
 
 
 def call(path: str, token: str, op: str, args: dict | None = None, timeout: float | None = None):
-    """Client side (runs in the kernel): send one request, wait for its reply."""
+    """Client side (runs in the kernel): send one request, wait for its reply. Refused as Busy (read by nobody),
+    it is sent again for up to BUSY_RETRY_S (or `timeout`, if shorter)."""
+    deadline = time.monotonic() + min(BUSY_RETRY_S, timeout if timeout is not None else BUSY_RETRY_S)
+    pause = 0.01
+    while True:
+        try:
+            return _call(path, token, op, args, timeout)
+        except RpcError as exc:
+            if exc.kind != "Busy" or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)  # (nothing to wait on: the runner's reads end in their own time)
+        pause = min(pause * 2, 0.5)
+
+
+def _call(path: str, token: str, op: str, args: dict | None, timeout: float | None):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         _connect(s, path, timeout)
-        s.sendall((json.dumps({"token": token, "op": op, "args": args or {}}) + "\n").encode())
+        try:
+            s.sendall((json.dumps({"token": token, "op": op, "args": args or {}}) + "\n").encode())
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it was sent (Busy): the reply that says so is still there to read
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = s.recv(65536)
