@@ -288,3 +288,25 @@ def test_a_session_whose_history_cannot_be_written_fails_once_and_keeps_its_mail
     (s.dir / "history.jsonl").write_text("")
     run_once(ws)
     assert [e["text"] for e in s.events("message")] == ["hello"] and s.read_result() == "fine"
+
+
+def test_results_a_parent_reads_as_mail_are_not_kept_by_the_runner(ws):
+    """The post office keeps each child's result mail until wait() marks it read. A parent that never waits
+    reads it as mail, and the runner kept the message (its whole text) for its life."""
+    from conftest import BackgroundRunner, wait_for
+
+    from primefs.store import mail
+
+    ws = scripted(ws, "rules:\n  - match: '^Parent'\n    replies:\n      - code: \"rlm('Child task')\"\n"
+                      "      - text: spawned\n      - text: got it\n      - code: \"print(rlm('Child task').wait())\"\n"
+                      "      - text: waited\n"
+                      "  - match: '^Child'\n    replies:\n      - text: child result\n")
+    write_goal(ws, "Parent job", name="parent")
+    with BackgroundRunner(ws) as br:
+        parent = wait_for(lambda: session_named(ws, "parent"), what="the parent")
+        wait_for(lambda: parent.read_result() == "got it", what="the parent's turn on its child's result mail")
+        assert br.runner.post._results == {}
+        mail.deliver(parent.mail, sender="user", to=parent.id, kind="user", text="again, and wait")
+        wait_for(lambda: parent.read_result() == "waited", what="the parent's wait()")
+        assert br.runner.post._results == {}
+    assert [e.get("read_by") for e in parent.events("message") if e["kind"] == "result"] == [None, "wait"]

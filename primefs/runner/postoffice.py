@@ -104,11 +104,26 @@ class PostOffice:
                 held.discard(claimed)
                 self._set_aside(agent, claimed, str(exc))
                 continue
+            if msg.kind == "result":
+                self._taken(s.id, msg)
             if msg.id in agent.seen_ids or any(m.id == msg.id for m, _ in out):  # (a result mail sent again)
                 self._ack(agent, claimed)
                 continue
             out.append((msg, claimed))
         return out
+
+    def _taken(self, sid: str, msg: mail.Message) -> None:
+        """A child's result mail taken as mail: wait() no longer needs to know of it (kept, a parent that reads
+        its children's results as mail made this grow for the runner's life)."""
+        with self.bell.cond:
+            sent = self._results.get(sid)
+            if sent is None or msg.sender not in sent:
+                return
+            sent[msg.sender] = [m for m in sent[msg.sender] if m.id != msg.id]
+            if not sent[msg.sender]:
+                del sent[msg.sender]
+            if not sent:
+                del self._results[sid]
 
     @staticmethod
     def _ack(agent, claimed: Path) -> None:
@@ -158,6 +173,8 @@ class PostOffice:
             check_cell(agent, cell)
             with self.bell.cond:
                 sent = self._results.get(agent.session.id, {}).pop(child, [])
+                if not self._results.get(agent.session.id, True):
+                    del self._results[agent.session.id]
             for msg in sent:
                 claimed = mail.claim(msg.path)
                 if claimed is not None and agent.claimed is not None:
