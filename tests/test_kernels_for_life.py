@@ -190,14 +190,15 @@ def test_a_runner_lets_go_of_sessions_it_has_not_used_for_a_while(ws, monkeypatc
     monkeypatch.setattr(turns, "KEEP_AGENTS", 2)
     ws = scripted(ws, SET_THEN_READ, max_idle_kernels=0, snapshot="idle")
     names = [f"mem{i}" for i in range(6)]
-    for name in names:
-        write_goal(ws, "Remember", name=name)
+    for name in names:  # (a budget each: the runner keeps their usage as they spend it)
+        write_goal(ws, "Remember", name=name, extra={"budget": {"tokens": 10**9}})
     with BackgroundRunner(ws) as br:
         wait_for(lambda: sorted(s.meta.get("name") for s in list_sessions(ws.sessions) if s.read_result() == "set")
                  == names, what="every first turn")
         wait_for(lambda: len(br.runner.turns.agents) <= 2, what="the runner let go of the others")
         wait_for(lambda: open_histories(ws) <= 2, what="their history files closed")
         assert len(br.runner.tree._sessions) <= 2  # their Session objects (session.yaml, history) too
+        assert 0 < len(br.runner.goals._own) <= 2  # and their usage
         first = named(ws, "mem0")  # long let go: its conversation and kernel come back from its files
         assert first.id not in br.runner.turns.agents
         mail.deliver(first.mail, sender="user", to=first.id, kind="user", text="go on")

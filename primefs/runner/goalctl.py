@@ -38,6 +38,12 @@ class GoalControl:
             self._own[sid] = own_usage(self.tree.session(sid))
         return self._own[sid]
 
+    def forget(self, sid: str) -> None:
+        """A session the runner lets go of (Turns.forget_idle): its usage is read again from its summary if
+        a budget above it asks."""
+        with self._lock:
+            self._own.pop(sid, None)
+
     def record_call(self, sid: str, event: dict) -> None:
         """A model_call event just written to `sid`'s history, counted as its summary counts it."""
         with self._lock:

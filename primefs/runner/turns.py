@@ -75,6 +75,7 @@ class Turns:
                     a.forgotten = True
                     del self.agents[sid]
                     self.tree.forget(sid)
+                    self.goals.forget(sid)
                     extra -= 1
                 finally:
                     a.turn_lock.release()
