@@ -8,7 +8,8 @@ anonymous maps such as malloc arenas and Python's, files); `messages` is how man
     python bench/leaks.py 60 300 0.4   # an hour, messages 5 times as often (every 0.2-0.6 s): hours of turns
 
 Prints one line per sample (seconds, fds: total, epoll, sockets, pipes; RSS MiB; messages so far), then
-JSON with the growth from the first sample after the warm-up to the last, and per minute.
+JSON with the growth from the first sample after the warm-up to the last, and per minute (over the run,
+and over its second half: whether it levels off).
 """
 from __future__ import annotations
 
@@ -97,11 +98,16 @@ def main(minutes: float = 10.0, every_s: float = 60.0, gap_s: float = 2.0, warm_
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    first, last = samples[0], samples[-1]
-    per_min = max(1e-9, (last["s"] - first["s"]) / 60)
+    first, middle, last = samples[0], samples[len(samples) // 2], samples[-1]
+
+    def slope(a: dict, b: dict) -> dict:  # per minute, from sample a to sample b
+        minutes = max(1e-9, (b["s"] - a["s"]) / 60)
+        return {k: round((b[k] - a[k]) / minutes, 3) for k in ("fds", "rss_mib", "heap", "anon")}
+
     return {"minutes": minutes, "messages": sent, "first": first, "last": last,
             "growth": {k: round(last[k] - first[k], 1) for k in ("fds", "epoll", "sockets", "pipes", "threads", "rss_mib", "heap", "anon")},
-            "per_minute": {k: round((last[k] - first[k]) / per_min, 2) for k in ("fds", "rss_mib", "heap", "anon")},
+            "per_minute": slope(first, last),
+            "per_minute_second_half": slope(middle, last),  # whether it levels off
             "workspace": str(ws.root)}
 
 
