@@ -352,7 +352,7 @@ def test_what_a_session_wrote_cannot_drive_the_persons_terminal(ws, scripted):
         assert "\x1b" not in own_escapes.sub("", shown), (args, shown)
     assert "␛]52;c;ZXZpbA==" in cli(ws, "result", "talker", env=term).stdout
     assert "␛[2J" in cli(ws, "log", "talker", env=term).stdout
-    assert "\x1b]52;" in cli(ws, "result", "talker").stdout  # piped: the text as it is
+    assert "\x1b]52;" in cli(ws, "result", "talker", env={"FORCE_COLOR": ""}).stdout  # piped: the text as it is
     # a mail name with a newline: one line in the runner's log, not a forged second one
     hand = s.mail / "tmp" / "evil\nwarning: forged line"
     hand.write_text("---\nfrom: [\n---\nbad front matter\n")

@@ -289,5 +289,5 @@ def test_logs_fit_an_80_column_terminal_and_stay_whole_when_piped(ws, scripted):
     one = re.sub(r"\x1b\[[0-9;]*m", "", cli(ws, "logs", "-n", "0", "-s", "20261206-193343-add-them-up",
                                              env=term).stdout).splitlines()
     assert one and all(len(line) <= 80 and "add-them-up" not in line for line in one), one
-    piped = cli(ws, "logs", "-n", "0").stdout.splitlines()
+    piped = cli(ws, "logs", "-n", "0", env={"FORCE_COLOR": ""}).stdout.splitlines()
     assert any(line.endswith(f"result  {reply}") and "(20261206-193343-add-them-up)" in line for line in piped), piped
