@@ -12,6 +12,7 @@ took, so `seen_ids` holds the ids of its conversation since its last compaction,
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -26,16 +27,19 @@ class PostOffice:
         self.tree, self.bell, self.log = tree, bell, log
         self.on_mail = on_mail  # new mail for a session: the scheduler may queue a turn
         self._results: dict[str, dict[str, list[mail.Message]]] = {}  # parent -> child -> result mail sent
+        self._results_lock = threading.Lock()  # held from a result's file to its entry: no reader comes between
         self._stuck: set[Path] = set()  # bad mail that could not even be moved aside: skipped, said once
         self._held: dict[str, set[Path]] = {}  # sid -> its unread mail when it failed before taking it
 
     def deliver(self, sid: str, *, sender: str, kind: str, text: str, extra: dict | None = None,
                 msg_id: str | None = None) -> mail.Message:
-        msg = mail.deliver(self.tree.session(sid).mail, sender=sender, to=sid, kind=kind, text=text, extra=extra,
-                           msg_id=msg_id)
+        box = self.tree.session(sid).mail
         if kind == "result" and extra and extra.get("child"):
-            with self.bell.cond:
+            with self._results_lock:  # (the parent may take the file as mail the moment it is there)
+                msg = mail.deliver(box, sender=sender, to=sid, kind=kind, text=text, extra=extra, msg_id=msg_id)
                 self._results.setdefault(sid, {}).setdefault(extra["child"], []).append(msg)
+        else:
+            msg = mail.deliver(box, sender=sender, to=sid, kind=kind, text=text, extra=extra, msg_id=msg_id)
         self.on_mail(sid)
         self.bell.ring()  # also wakes recv() waiting in that session
         return msg
@@ -115,7 +119,7 @@ class PostOffice:
     def _taken(self, sid: str, msg: mail.Message) -> None:
         """A child's result mail taken as mail: wait() no longer needs to know of it (kept, a parent that reads
         its children's results as mail made this grow for the runner's life)."""
-        with self.bell.cond:
+        with self._results_lock:
             sent = self._results.get(sid)
             if sent is None or msg.sender not in sent:
                 return
@@ -171,7 +175,7 @@ class PostOffice:
         claimed (shown to the model before its next call) is left alone."""
         with agent.mail_lock:
             check_cell(agent, cell)
-            with self.bell.cond:
+            with self._results_lock:
                 sent = self._results.get(agent.session.id, {}).pop(child, [])
                 if not self._results.get(agent.session.id, True):
                     del self._results[agent.session.id]
