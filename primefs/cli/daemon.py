@@ -371,9 +371,8 @@ def runner_cmd(ctx, as_json):
             lines.append(f"  Ray node {n['node']}: " + (f"lost ({n['lost']})" if n["lost"] else f"{n['kernels']} kernel(s)"))
         for key in ("active", "waiting", "queued"):
             ids = out[f"{key}_sessions"]
-            more = len(ids) - SHOW_SESSIONS
             lines.append(f"{key} sessions: {len(ids):,}" + (f" (the first {SHOW_SESSIONS}; `primefs status` lists all)"
-                                                           if more > 0 else ""))
+                                                           if len(ids) > SHOW_SESSIONS else ""))
             lines += [f"  {label}" for label in _session_labels(ws, ids[:SHOW_SESSIONS])]
         if out["idle_exit_s"] is not None:
             lines.append(f"stops after {out['idle_exit_s']:g} s without work (--idle-exit)")

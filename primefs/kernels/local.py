@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Iterator
 
 from primefs.kernels import boxes, cgroups, sandbox, treelimits
 from primefs.kernels.client import CellResult, KernelClient, connection_info
@@ -58,15 +59,18 @@ def parent_pid(pid: int) -> int:
         return 0
 
 
-def descends_from(pid: int, ancestor: int) -> bool:
-    """`pid` is `ancestor` or one of its descendants (walks /proc parents)."""
+def ancestors(pid: int) -> Iterator[int]:
+    """`pid`, its parent, theirs, ... (walks /proc parents; at most 64, up to init)."""
     for _ in range(64):
-        if pid == ancestor:
-            return True
+        yield pid
         if pid <= 1:
-            return False
+            return
         pid = parent_pid(pid)
-    return False
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """`pid` is `ancestor` or one of its descendants."""
+    return ancestor in ancestors(pid)
 
 
 class LocalKernel(KernelHandle):
@@ -310,15 +314,13 @@ class LocalKernelHost(KernelHost):
     def _owner(self, pid: int) -> str:
         """Whose a calling process is: the owner of the kernel it is or descends from (a kernel still starting
         too), "" if none (the shares of the requests the runner reads at once: inside/rpc.py)."""
-        with self._lock:
-            owners = {k.pid: k.spec.owner for k in self._by_pid.values()}
-            owners.update((h["pid"], h["owner"]) for h in self._hellos.values() if h["pid"] is not None)
-        for _ in range(64):
-            if pid in owners:
-                return owners[pid]
-            if pid <= 1:
-                return ""
-            pid = parent_pid(pid)
+        for p in ancestors(pid):
+            with self._lock:  # (a look per step: no copy of every kernel at every request)
+                k = self._by_pid.get(p)
+                owner = k.spec.owner if k is not None else \
+                    next((h["owner"] for h in self._hellos.values() if h["pid"] == p), None)
+            if owner is not None:
+                return owner
         return ""
 
     def _serve(self, token: str, peer: int, op: str, args: dict):

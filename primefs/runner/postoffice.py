@@ -11,6 +11,7 @@ took, so `seen_ids` holds the ids of its conversation since its last compaction,
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -33,13 +34,13 @@ class PostOffice:
 
     def deliver(self, sid: str, *, sender: str, kind: str, text: str, extra: dict | None = None,
                 msg_id: str | None = None) -> mail.Message:
-        box = self.tree.session(sid).mail
-        if kind == "result" and extra and extra.get("child"):
-            with self._results_lock:  # (the parent may take the file as mail the moment it is there)
-                msg = mail.deliver(box, sender=sender, to=sid, kind=kind, text=text, extra=extra, msg_id=msg_id)
-                self._results.setdefault(sid, {}).setdefault(extra["child"], []).append(msg)
-        else:
-            msg = mail.deliver(box, sender=sender, to=sid, kind=kind, text=text, extra=extra, msg_id=msg_id)
+        child = extra.get("child") if kind == "result" and extra else None
+        # a child's result: noted under the lock it is written in (its parent may take the file at once)
+        with self._results_lock if child else contextlib.nullcontext():
+            msg = mail.deliver(self.tree.session(sid).mail, sender=sender, to=sid, kind=kind, text=text, extra=extra,
+                               msg_id=msg_id)
+            if child:
+                self._results.setdefault(sid, {}).setdefault(child, []).append(msg)
         self.on_mail(sid)
         self.bell.ring()  # also wakes recv() waiting in that session
         return msg
