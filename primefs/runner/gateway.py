@@ -20,6 +20,7 @@ from primefs.runner.bell import Bell
 from primefs.runner.goalctl import GoalControl
 from primefs.runner.workers import Workers
 from primefs.store import redact
+from primefs.store.history import mend_surrogates
 from primefs.store.livefeed import ReplyStream
 from primefs.tracing import spans as tracing
 
@@ -97,7 +98,7 @@ class ModelGateway:
 
         def progress(text: str = "") -> None:  # a streaming provider calls this with each piece of text
             last_chunk[0] = time.monotonic()
-            stream.write(text)
+            stream.write(mend_surrogates(text))  # (as in ModelReply: a server's JSON may hold lone ones)
 
         call = dict(settings, _cancel=cancel, _progress=progress, _timeout_s=total, _idle_timeout_s=idle)
         box: dict = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import socketserver
 import struct
@@ -60,6 +61,21 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128  # (socketserver's 5: kernels starting together found it full)
+
+
+def _loads(line: bytes) -> dict:
+    """A request as the runner takes it: lone surrogates (JSON's \\ud800, e.g. a document's broken bytes read
+    with surrogateescape) replaced by U+FFFD, since no file, YAML or model request can hold them (a done() answer
+    with one failed its session). Strings are walked only if the line has such an escape."""
+    req = json.loads(line)
+    if _SURROGATE.search(line):
+        from primefs.store.history import mend_surrogates  # (where requests are served, never in a kernel)
+
+        req = mend_surrogates(req)
+    return req
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class RpcServer:
@@ -117,7 +133,7 @@ class RpcServer:
                     return
                 self.connection.settimeout(None)  # the answer may take hours (wait(), recv())
                 try:
-                    req = json.loads(line)
+                    req = _loads(line)
                     result = outer.handler(str(req.get("token", "")), pid, str(req["op"]), req.get("args") or {})
                     reply = {"ok": True, "result": result}
                 except Exception as exc:  # becomes an exception in the cell, not a runner crash
