@@ -1,13 +1,15 @@
 """Leaks over time: one runner under the load of long use (mail to a few sessions every 1-3 s, a
 heartbeat every 10 s), its open files by kind and its memory sampled as it goes. For work that runs for
 months these must stay flat after the warm-up. Memory is split by where it lives (the brk heap, other
-anonymous maps such as malloc arenas and Python's, files); `messages` is how many were sent.
+anonymous maps such as malloc arenas and Python's, files), and by allocator, as the runner itself sees it
+(bench/allocators.py: what Python's allocator and malloc hold, and what of that is live: RSS that grows while
+the live memory stays flat is kept by the allocators, not leaked); `messages` is how many were sent.
 
     python bench/leaks.py              # 10 minutes, a sample a minute
     python bench/leaks.py 3 20         # 3 minutes, a sample every 20 s
     python bench/leaks.py 60 300 0.4   # an hour, messages 5 times as often (every 0.2-0.6 s): hours of turns
 
-Prints one line per sample (seconds, fds: total, epoll, sockets, pipes; RSS MiB; messages so far), then
+Prints one line per sample (seconds, fds: total, epoll, sockets, pipes; memory in MiB; messages so far), then
 JSON with the growth from the first sample after the warm-up to the last, and per minute (over the run,
 and over its second half: whether it levels off).
 """
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 from common import scripted_workspace
 
@@ -33,6 +36,8 @@ SCRIPT = "default:\n" + "".join(f"  - code: \"n = {i}\\nprint(n)\"\n  - text: re
 # As with a real model, conversations are compacted once long (a scripted model has no window of its
 # own): without it a session's conversation, and the runner's memory, would grow with every message.
 COMPACT_AT_TOKENS = 2500
+# Compared between samples: open files; RSS by where it lives; what the allocators hold, and what of it is live
+COMPARED = ("fds", "rss_mib", "heap", "anon", "py_mib", "py_live_mib", "malloc_mib", "malloc_live_mib")
 
 
 def fd_kinds(pid: int) -> Counter:
@@ -68,6 +73,13 @@ def sample(pid: int) -> dict:
             "threads": int(status["Threads"]), "rss_mib": round(int(status["VmRSS"].split()[0]) / 1024, 1), **memory(pid)}
 
 
+def read_allocators(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # not written yet
+        return {}
+
+
 def main(minutes: float = 10.0, every_s: float = 60.0, gap_s: float = 2.0, warm_s: float = 30.0, seed: int = 0) -> dict:
     rnd = random.Random(seed)
     ws = scripted_workspace(SCRIPT, {"max_concurrent_sessions": 4, "compact_at_tokens": COMPACT_AT_TOKENS})
@@ -75,8 +87,9 @@ def main(minutes: float = 10.0, every_s: float = 60.0, gap_s: float = 2.0, warm_
     for name in names:
         (ws.goals / f"{name}.md").write_text(f"---\nname: {name}\n---\nTalk {name}\n")
     (ws.goals / "beat.md").write_text("---\nname: beat\nheartbeat: every 10s\n---\nTalk beat\n")
-    proc = subprocess.Popen([sys.executable, "-m", "primefs", "-w", str(ws.root), "run", "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    allocators = ws.root.parent / "allocators.json"  # what the runner's allocators hold, live and kept
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("allocators.py")), str(allocators),
+                             "-w", str(ws.root), "run", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sessions: dict = {}
     while len(sessions) < len(names):
         sessions = {s.name: s for s in list_sessions(ws.sessions) if s.name in names}
@@ -90,7 +103,8 @@ def main(minutes: float = 10.0, every_s: float = 60.0, gap_s: float = 2.0, warm_
             mail.deliver(s.mail, sender="user", to=s.id, kind="user", text=f"message {sent}")
             sent += 1
             if time.monotonic() >= next_sample:
-                row = {"s": round(time.monotonic() - started), **sample(proc.pid), "messages": sent}
+                row = {"s": round(time.monotonic() - started), **sample(proc.pid), **read_allocators(allocators),
+                   "messages": sent}
                 samples.append(row)
                 print(" ".join(f"{k}={v}" for k, v in row.items()), file=sys.stderr, flush=True)
                 next_sample += every_s
@@ -102,10 +116,11 @@ def main(minutes: float = 10.0, every_s: float = 60.0, gap_s: float = 2.0, warm_
 
     def slope(a: dict, b: dict) -> dict:  # per minute, from sample a to sample b
         minutes = max(1e-9, (b["s"] - a["s"]) / 60)
-        return {k: round((b[k] - a[k]) / minutes, 3) for k in ("fds", "rss_mib", "heap", "anon")}
+        return {k: round((b[k] - a[k]) / minutes, 3) for k in COMPARED if k in a and k in b}
 
     return {"minutes": minutes, "messages": sent, "first": first, "last": last,
-            "growth": {k: round(last[k] - first[k], 1) for k in ("fds", "epoll", "sockets", "pipes", "threads", "rss_mib", "heap", "anon")},
+            "growth": {k: round(last[k] - first[k], 1) for k in (*COMPARED, "epoll", "sockets", "pipes", "threads", "objects")
+                       if k in first and k in last},
             "per_minute": slope(first, last),
             "per_minute_second_half": slope(middle, last),  # whether it levels off
             "workspace": str(ws.root)}
