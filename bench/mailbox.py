@@ -4,7 +4,8 @@ A session's mail/cur/ keeps every message it ever took (Maildir's "seen" mail), 
 talked for months holds hundreds of thousands of files there. The runner must not pay for them at each
 turn. The bench plants N taken messages in one idle session's cur/, then sends it messages one at a
 time, each answered by a scripted reply, and reports the runner's own CPU (git's not counted) and the
-wall time from delivery to the answer, per message.
+wall time from delivery to the answer, per message; then what one turn commit of that session costs (all
+of its mail is in git: every commit lists the session's folder).
 
     python bench/mailbox.py            # 100,000 taken messages, 30 new ones
     python bench/mailbox.py 0 30       # the same with an empty cur/, to compare
@@ -12,13 +13,16 @@ wall time from delivery to the answer, per message.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
+import tracemalloc
 
 from common import cpu_seconds, scripted_workspace
 
 from primefs.store import mail
+from primefs.store.gitops import commit_paths
 from primefs.store.session import list_sessions
 
 SCRIPT = "default:\n" + "".join(f"  - text: reply {i}\n" for i in range(5000))
@@ -49,7 +53,28 @@ def main(taken: int = 100_000, messages: int = 30) -> dict:
         proc.terminate()
         proc.wait(60)
     return {"taken": taken, "messages": messages, "runner_cpu_ms_per_message": round(1000 * cpu / messages, 1),
-            "wall_ms_per_message": round(1000 * wall / messages, 1)}
+            "wall_ms_per_message": round(1000 * wall / messages, 1), **turn_commit(ws.root, s)}
+
+
+def turn_commit(root, s, runs: int = 3) -> dict:
+    """A turn's commit of the session (one new message and history line), in this process as the runner's
+    committer makes it: its wall time (git's processes in it), the Python CPU and peak memory it costs the runner."""
+    walls, cpus, peaks = [], [], []
+    folder = s.dir.relative_to(root).as_posix()
+    for i in range(runs):
+        (s.mail / "cur" / f"1800000000.{i:07d}.new{mail.SEEN}").write_text("---\nfrom: user\n---\nnew\n")
+        with open(s.history.path, "a") as f:
+            f.write(json.dumps({"ts": time.time(), "type": "note", "text": f"commit {i}"}) + "\n")
+        tracemalloc.start()
+        wall, cpu = time.monotonic(), time.process_time()
+        assert commit_paths(root, [folder], f"bench: commit {i}")
+        walls.append(time.monotonic() - wall)
+        cpus.append(time.process_time() - cpu)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    return {"commit_wall_ms": round(1000 * statistics.median(walls)),
+            "commit_python_cpu_ms": round(1000 * statistics.median(cpus), 1),
+            "commit_peak_mb": round(max(peaks) / 1e6, 1)}
 
 
 if __name__ == "__main__":

@@ -157,3 +157,32 @@ def test_a_burst_of_requests_is_committed_in_batches_of_a_bounded_size(ws, monke
     tracked = subprocess.run(["git", "-C", str(ws.root), "ls-files", "sessions/s*"], capture_output=True,
                              text=True).stdout
     assert sorted(tracked.split()) == [f"sessions/s{i}/history.jsonl" for i in range(5)]
+
+
+def test_a_turn_commit_does_not_grow_with_its_sessions_mail(ws):
+    """Every message a session ever took stays in its mail/cur/, in git. A commit listed both indexes' entries of
+    the session's folder whole: at 100,000 messages, 1.2 s of the runner's CPU and 60 MB a commit (bench/mailbox.py).
+    It now copies only what differs from HEAD: what it holds in memory does not grow with the folder."""
+    import tracemalloc
+
+    cur = ws.root / "sessions" / "s1" / "mail" / "cur"
+    cur.mkdir(parents=True)
+    for i in range(5000):
+        (cur / f"1700000000.{i:07d}.old:2,S").write_text("old\n")
+    (cur.parent.parent / "history.jsonl").write_text("{}\n")
+    assert commit_paths(ws.root, ["sessions/s1"], "a long life")
+    (cur / "1700000000.0000000.old:2,S").unlink()
+    (cur / "new:2,S").write_text("new\n")
+    (cur.parent.parent / "history.jsonl").write_text("{}\n{}\n")
+    tracemalloc.start()
+    try:
+        assert commit_paths(ws.root, ["sessions/s1"], "one more message")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 500_000, peak  # (~3 MB before, for 5,000 files)
+    assert changed(ws) == ["sessions/s1/history.jsonl", "sessions/s1/mail/cur/1700000000.0000000.old:2,S",
+                           "sessions/s1/mail/cur/new:2,S"]
+    status = subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain", "--", "sessions"],
+                            capture_output=True, text=True, check=True).stdout
+    assert status == ""  # your index holds what was committed

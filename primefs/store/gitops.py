@@ -237,15 +237,17 @@ class PrivateIndex:
         return subprocess.run(["git", "-C", str(self.root), *args], capture_output=True, text=True, check=check,
                               env={**git_env(), **self.env}, input=input)
 
-    def _entries(self, spec: list[str], private: bool) -> dict[str, str]:
-        run = self._git if private else (lambda *a: git(self.root, *a))
-        out = {}
-        for rec in run("ls-files", "-s", "-z", "--", *spec).stdout.split("\0"):
-            if rec:
-                info, path = rec.split("\t", 1)
-                mode, sha, _stage = info.split()
-                out[path] = f"{mode} {sha}"
-        return out
+    def _staged(self, head: str, spec: list[str]) -> list[str]:
+        """`--index-info` lines that make our index (HEAD's tree) hold what the user's holds for `spec`: only
+        what differs from HEAD. Listing both indexes whole made a turn commit grow with its session's age (every
+        message ever taken stays in mail/cur/: at 100,000, 1.2 s of the runner's CPU and 60 MB a commit)."""
+        out = git(self.root, "diff-index", "--cached", "--no-renames", "-z", head, "--", *spec).stdout.split("\0")
+        lines = []
+        for info, path in zip(out[0::2], out[1::2]):  # ":old-mode new-mode old-sha new-sha status", path
+            _, mode, _, sha, status = info.split(" ")
+            if status != "U":  # (an unmerged path: nothing to commit; git add resolves it)
+                lines.append(f"0 {'0' * 40}\t{path}" if status == "D" else f"{mode} {sha}\t{path}")
+        return lines
 
     def commit(self, spec: list[str], message: str) -> bool:
         head = git(self.root, "rev-parse", "--verify", "-q", "HEAD", check=False).stdout.strip()
@@ -259,9 +261,7 @@ class PrivateIndex:
             based = ""
         if based != head or not self.path.exists():  # HEAD moved (a harness or user commit), or a commit was
             self._git("read-tree", head)             # cut off before its base was written: start over from HEAD
-        theirs, mine = self._entries(spec, private=False), self._entries(spec, private=True)
-        lines = [f"{entry}\t{path}" for path, entry in theirs.items() if mine.get(path) != entry]
-        lines += [f"0 {'0' * 40}\t{path}" for path in mine if path not in theirs]
+        lines = self._staged(head, spec)
         if not lines:
             self.base.write_text(head + "\n")  # the index holds HEAD's tree exactly
             return False
