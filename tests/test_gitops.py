@@ -186,3 +186,28 @@ def test_a_turn_commit_does_not_grow_with_its_sessions_mail(ws):
     status = subprocess.run(["git", "-C", str(ws.root), "status", "--porcelain", "--", "sessions"],
                             capture_output=True, text=True, check=True).stdout
     assert status == ""  # your index holds what was committed
+
+
+def test_what_a_committer_remembers_of_rooms_does_not_grow_with_each_change(ws, monkeypatch):
+    """A room's files are hashed by primefs, which remembers each file's last version so that an unchanged one is
+    not read again. It remembered every version of every file ever committed, for the runner's life: a kernel that
+    rewrites a file each turn grew it at each turn. Now one entry a path, the BLOBS_KEPT last."""
+    monkeypatch.setattr(gitops, "_BLOBS", {})
+    monkeypatch.setattr(gitops, "BLOBS_KEPT", 5)
+    room = ws.root / "sessions" / "s1" / "work"
+    room.mkdir(parents=True)
+    for turn in range(20):
+        (room / "log.txt").write_text(f"turn {turn}\n")
+        assert commit_paths(ws.root, ["sessions/s1"], f"turn {turn}")
+    assert len(gitops._BLOBS) == 1
+    show = ["git", "-C", str(ws.root), "show", "HEAD:sessions/s1/work/log.txt"]
+    assert subprocess.run(show, capture_output=True, text=True, check=True).stdout == "turn 19\n"
+    for i in range(8):
+        (room / f"f{i}.txt").write_text(f"{i}\n")
+    assert commit_paths(ws.root, ["sessions/s1"], "more files")
+    assert len(gitops._BLOBS) == 5  # the last 5
+    (room / "f7.txt").write_text("changed\n")
+    assert commit_paths(ws.root, ["sessions/s1"], "one changed")
+    show[-1] = "HEAD:sessions/s1/work/f7.txt"
+    assert subprocess.run(show, capture_output=True, text=True, check=True).stdout == "changed\n"
+    assert changed(ws) == ["sessions/s1/work/f7.txt"]

@@ -103,7 +103,12 @@ def ignore_runtime(root: Path) -> None:
 # would make it read anything the runner may (as root: anything). So rooms are never given to `git add`:
 # they are read here through folder descriptors (fsutil.walk_tree), their blobs written to the object
 # store, their entries put in the index; no filter or attribute of git applies to them.
-_BLOBS: dict[tuple, str] = {}  # (objects, path, dev, ino, size, mtime_ns, ctime_ns) -> sha: unchanged files not read
+# (objects, path) -> ((dev, ino, size, mtime_ns, ctime_ns), sha): a file unchanged since its last commit is not read
+# again. One entry a path, the BLOBS_KEPT committed last: keyed by version too, it grew with every change of every
+# file a kernel ever wrote, for the runner's life.
+_BLOBS: dict[tuple, tuple] = {}
+_BLOBS_LOCK = threading.Lock()  # (the committer's thread, and a turn's worktree commit)
+BLOBS_KEPT = 100_000  # ~0.5 KB each
 
 
 def rooms_of(paths: list[str]) -> list[str]:
@@ -127,8 +132,10 @@ def blob_entries(objects_dir: Path, folder: Path, prefix: str, skip: tuple = ())
             sha = objects.store(IStream(b"blob", len(data), io.BytesIO(data))).binsha.hex()
             found[path] = f"120000 {sha}"
         elif kind == "file":
-            key = (str(objects_dir), path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            sha = _BLOBS.get(key)
+            key, version = (str(objects_dir), path), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            with _BLOBS_LOCK:
+                known = _BLOBS.pop(key, None)
+            sha = known[1] if known is not None and known[0] == version else None
             if sha is None:
                 try:
                     with value() as f:
@@ -136,7 +143,10 @@ def blob_entries(objects_dir: Path, folder: Path, prefix: str, skip: tuple = ())
                         sha = objects.store(IStream(b"blob", size, f)).binsha.hex()
                 except OSError:
                     continue  # gone, or swapped for something that is not a file
-                _BLOBS[key] = sha
+            with _BLOBS_LOCK:
+                _BLOBS[key] = (version, sha)  # (last: the most recently committed stay)
+                if len(_BLOBS) > BLOBS_KEPT:
+                    del _BLOBS[next(iter(_BLOBS))]
             found[path] = f"{'100755' if st.st_mode & 0o111 else '100644'} {sha}"
     return found
 
