@@ -3,8 +3,8 @@ process's allocators hold and what of it is live, to the JSON file OUT (replaced
 runs its runner this way: RSS that grows while the live memory stays flat is memory the allocators keep
 (fragmentation), not a leak.
 
-    py_mib / py_live_mib          Python's own allocator (objects of up to 512 bytes): its 1 MiB arenas / the blocks in use
-    malloc_mib / malloc_live_mib  glibc's malloc (bigger objects, C libraries): its heap and maps / the chunks in use
+    py_mib / py_live_mib          Python's allocator (objects up to 512 bytes): its 1 MiB arenas / blocks in use
+    malloc_mib / malloc_live_mib  glibc's malloc (bigger objects, C libraries): its heap and maps / chunks in use
     objects                       objects the cycle collector tracks (containers)
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ EVERY_S = 10.0
 
 
 class MallInfo2(ctypes.Structure):  # malloc.h (glibc 2.33+)
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
 def pymalloc() -> dict:

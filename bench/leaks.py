@@ -119,8 +119,8 @@ def main(minutes: float = 10.0, every_s: float = 60.0, gap_s: float = 2.0, warm_
         return {k: round((b[k] - a[k]) / minutes, 3) for k in COMPARED if k in a and k in b}
 
     return {"minutes": minutes, "messages": sent, "first": first, "last": last,
-            "growth": {k: round(last[k] - first[k], 1) for k in (*COMPARED, "epoll", "sockets", "pipes", "threads", "objects")
-                       if k in first and k in last},
+            "growth": {k: round(last[k] - first[k], 1) for k in (*COMPARED, "epoll", "sockets", "pipes", "threads",
+                                                                   "objects") if k in first and k in last},
             "per_minute": slope(first, last),
             "per_minute_second_half": slope(middle, last),  # whether it levels off
             "workspace": str(ws.root)}

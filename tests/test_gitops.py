@@ -161,7 +161,7 @@ def test_a_burst_of_requests_is_committed_in_batches_of_a_bounded_size(ws, monke
 
 def test_a_turn_commit_does_not_grow_with_its_sessions_mail(ws):
     """Every message a session ever took stays in its mail/cur/, in git. A commit listed both indexes' entries of
-    the session's folder whole: at 100,000 messages, 1.2 s of the runner's CPU and 60 MB a commit (bench/mailbox.py).
+    the session's folder whole: at 100,000 messages, 1.3 s of the runner's CPU and 67 MB a commit (bench/mailbox.py).
     It now copies only what differs from HEAD: what it holds in memory does not grow with the folder."""
     import tracemalloc
 
