@@ -5,7 +5,7 @@ talked for months holds hundreds of thousands of files there. The runner must no
 turn. The bench plants N taken messages in one idle session's cur/, then sends it messages one at a
 time, each answered by a scripted reply, and reports the runner's own CPU (git's not counted) and the
 wall time from delivery to the answer, per message; then what one turn commit of that session costs (all
-of its mail is in git: every commit lists the session's folder).
+of its mail is in git: a commit that looked at every file of the session's folder grew with it).
 
     python bench/mailbox.py            # 100,000 taken messages, 30 new ones
     python bench/mailbox.py 0 30       # the same with an empty cur/, to compare

@@ -111,6 +111,11 @@ _BLOBS_LOCK = threading.Lock()  # (the committer's thread, and a turn's worktree
 BLOBS_KEPT = 100_000  # ~0.5 KB each
 
 
+def removal(path: str) -> str:
+    """The `git update-index --index-info` line that takes `path` out of an index (mode 0)."""
+    return f"0 {'0' * 40}\t{path}"
+
+
 def rooms_of(paths: list[str]) -> list[str]:
     return [f"{p}/work" for p in paths if p.startswith("sessions/") and p.count("/") == 1]
 
@@ -166,7 +171,7 @@ def room_entries(root: Path, rooms: list[str]) -> list[str]:
     if rooms:
         for rec in git(root, "ls-files", "-s", "-z", "--", *rooms).stdout.split("\0"):
             if rec and rec.split("\t", 1)[1] not in found:
-                lines.append(f"0 {'0' * 40}\t{rec.split(chr(9), 1)[1]}")  # gone from the room
+                lines.append(removal(rec.split("\t", 1)[1]))  # gone from the room
     return lines
 
 
@@ -256,7 +261,7 @@ class PrivateIndex:
         for info, path in zip(out[0::2], out[1::2]):  # ":old-mode new-mode old-sha new-sha status", path
             _, mode, _, sha, status = info.split(" ")
             if status != "U":  # (an unmerged path: nothing to commit; git add resolves it)
-                lines.append(f"0 {'0' * 40}\t{path}" if status == "D" else f"{mode} {sha}\t{path}")
+                lines.append(removal(path) if status == "D" else f"{mode} {sha}\t{path}")
         return lines
 
     def commit(self, spec: list[str], message: str) -> bool:

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from primefs.errors import PrimefsError
-from primefs.store.gitops import blob_entries, git
+from primefs.store.gitops import blob_entries, git, removal
 
 FOLDER = "worktree"  # sessions/<id>/work/worktree
 
@@ -158,7 +158,7 @@ def _commit(repo: Path, path: Path, gitdir: str, message: str) -> None:
             for p in ignored:
                 found.pop(p, None)
         lines = [f"{entry}\t{p}" for p, entry in found.items()]
-        lines += [f"0 {'0' * 40}\t{p}" for p in tracked if p not in found]
+        lines += [removal(p) for p in tracked if p not in found]
         if lines:
             run("update-index", "-z", "--index-info", input="".join(line + "\0" for line in lines))
         tree, head = run("write-tree").stdout.strip(), run("rev-parse", "HEAD").stdout.strip()
