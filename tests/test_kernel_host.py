@@ -150,6 +150,33 @@ def test_a_long_lived_kernel_client_keeps_a_bounded_replay_history(host, tmp_pat
     assert 0 < len(k.client.kc.session.digest_history) <= 1024
 
 
+def test_a_long_lived_kernel_keeps_only_its_last_cells(host, tmp_path):
+    """IPython keeps each cell's source (three times), its lines and all it printed for the kernel's life:
+    a session's kernel keeps its last cells.KEPT, here 5. A function from an old cell still has its lines,
+    for the last cells.DEFINING_KEPT cells that may have made one, here 3."""
+    k = host.start(KernelSpec("a", tmp_path))
+    run = lambda code: k.execute(code, timeout=20)  # noqa: E731
+    run("import linecache, re, primefs.kernels.inside.cells as cells\ncells.KEPT, cells.DEFINING_KEPT = 5, 3")  # 1
+    run("def f():\n    raise ValueError('from an old cell')")  # 2
+    run("print('same')")  # 3: the same code as 4, so the same name for tracebacks
+    run("print('same')")  # 4
+    for i in range(4):  # 5-8
+        run(f"print({i})")
+    same = "print(any(v[2] == [\"print('same')\\n\"] for v in linecache.cache.values()))"
+    assert run(same).output == "True\n"  # 9: cell 3 is forgotten, not its lines, which cell 4 still has
+    assert run(same).output == "False\n"  # 10: and now cell 4 too
+    for i in range(40):  # 11-50; three cells that make functions
+        run(f"def g{i}():\n    raise ValueError('g{i}')" if i in (10, 20, 30) else f"print('x' * 10_000, {i})")
+    out = run("ip = get_ipython(); h = ip.history_manager\n"  # 51
+              "print(sum(bool(s) for s in In), sum(bool(s) for s in h.input_hist_parsed), len(h.outputs), "
+              "len(h.db_input_cache), sorted(int(n[2:]) for n in ip.user_ns if re.fullmatch(r'_i\\d+', n)), "
+              "sum(\"'x' * 10_000\" in ''.join(v[2]) for v in linecache.cache.values()))").output
+    assert out == f"6 6 5 1 {list(range(46, 52))} 6\n"  # cells 46-50 and this one
+    assert "----> 2     raise ValueError('g10')" in run("g10()").error
+    assert "raise" not in run("f()").error  # the fourth cell back that made a function: no lines
+    assert run("print(ip.kernel.session.digest_history_size)").output == "1024\n"  # (signatures it has seen)
+
+
 def test_a_snapshot_during_a_cell_takes_none_of_its_output(host, tmp_path):
     """A turn's end snapshot and `primefs exec` share one client: neither may read the other's messages
     (the cell once came back empty in CI, its output read and dropped by the snapshot's drain)."""

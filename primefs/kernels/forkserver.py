@@ -178,8 +178,10 @@ def _kernel(req: dict, server_pid: int) -> None:
         app = _make_app({**req["conn"], "key": mine["key"]})
         app.initialize([])
         import primefs.kernels.inside.api as api
+        from primefs.kernels.inside.cells import keep_recent
 
         api.route_thread_output(app.kernel.shell)
+        keep_recent(app.kernel.shell)
         api.setup(app.kernel.shell.user_ns, **req["setup"], sock=req["sock"], token=mine["token"])
         del mine
         app.start()
@@ -214,6 +216,7 @@ def _make_app(conn: dict):
     c.Session.key = conn["key"].encode()
     c.Session.signature_scheme = conn.get("signature_scheme", "hmac-sha256")
     c.HistoryManager.enabled = False  # no sqlite file, no writer thread
+    c.Session.digest_history_size = 1024  # as its client's (client.py): the kernel lives for days
     app_cfg = c.IPKernelApp
     app_cfg.transport = conn["transport"]
     app_cfg.ip = conn["ip"]
