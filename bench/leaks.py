@@ -3,7 +3,8 @@ heartbeat every 10 s), its open files by kind and its memory sampled as it goes.
 months these must stay flat after the warm-up. Memory is split by where it lives (the brk heap, other
 anonymous maps such as malloc arenas and Python's, files), and by allocator, as the runner itself sees it
 (bench/allocators.py: what Python's allocator and malloc hold, and what of that is live: RSS that grows while
-the live memory stays flat is kept by the allocators, not leaked); `messages` is how many were sent.
+the live memory stays flat is kept by the allocators, not leaked); `kernels_mib` is what the sessions'
+kernels take (PSS of the runner's descendants); `messages` is how many were sent.
 
     python bench/leaks.py              # 10 minutes, a sample a minute
     python bench/leaks.py 3 20         # 3 minutes, a sample every 20 s
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from common import scripted_workspace
 
+from primefs.kernels.forkserver import descendants
 from primefs.store import mail
 from primefs.store.session import list_sessions
 
@@ -37,7 +39,7 @@ SCRIPT = "default:\n" + "".join(f"  - code: \"n = {i}\\nprint(n)\"\n  - text: re
 # own): without it a session's conversation, and the runner's memory, would grow with every message.
 COMPACT_AT_TOKENS = 2500
 # Compared between samples: open files; RSS by where it lives; what the allocators hold, and what of it is live
-COMPARED = ("fds", "rss_mib", "heap", "anon", "py_mib", "py_live_mib", "malloc_mib", "malloc_live_mib")
+COMPARED = ("fds", "rss_mib", "heap", "anon", "py_mib", "py_live_mib", "malloc_mib", "malloc_live_mib", "kernels_mib")
 
 
 def fd_kinds(pid: int) -> Counter:
@@ -66,11 +68,24 @@ def memory(pid: int) -> dict:
     return {k: round(kib[k] / 1024, 1) for k in ("heap", "anon", "file")}
 
 
+def kernels_mib(pid: int) -> float:
+    """PSS of the runner's descendants in MiB: the sessions' kernels, their keepers and the kernel template
+    (PSS: pages forked kernels share are counted once)."""
+    kib = 0
+    for child in descendants(pid):
+        try:
+            kib += sum(int(line.split()[1]) for line in open(f"/proc/{child}/smaps_rollup") if line.startswith("Pss:"))
+        except OSError:
+            continue  # gone
+    return round(kib / 1024, 1)
+
+
 def sample(pid: int) -> dict:
     kinds = fd_kinds(pid)
     status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
     return {"fds": sum(kinds.values()), "epoll": kinds["epoll"], "sockets": kinds["socket"], "pipes": kinds["pipe"],
-            "threads": int(status["Threads"]), "rss_mib": round(int(status["VmRSS"].split()[0]) / 1024, 1), **memory(pid)}
+            "threads": int(status["Threads"]), "rss_mib": round(int(status["VmRSS"].split()[0]) / 1024, 1),
+            **memory(pid), "kernels_mib": kernels_mib(pid)}
 
 
 def read_allocators(path: Path) -> dict:
