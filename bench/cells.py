@@ -10,6 +10,7 @@ first 1,000 cells and at the end, and the growth per 1,000 cells after the first
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -46,6 +47,7 @@ def main(cells: int = 5000, printed: int = 10_000) -> dict:
                 "mib_per_1000_cells_after_1000": round((samples[cells] - samples[after]) * 1000 / max(1, cells - after), 2)}
     finally:
         host.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
