@@ -16,15 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from primefs.cli.daemon import proc_memory
 from primefs.kernels.host import KernelSpec
 from primefs.kernels.local import LocalKernelHost
 
 
 def rss_mib(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError(f"no VmRSS for {pid}")
+    return round(proc_memory(pid)["rss_kb"] / 1024, 1)
 
 
 def main(cells: int = 5000, printed: int = 10_000) -> dict:

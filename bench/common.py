@@ -41,7 +41,7 @@ def configure_model(ws: Workspace, alias: dict) -> None:
     (ws.root / "primefs.yaml").write_text(dump_yaml(cfg))
 
 
-def _children_map() -> dict[int, list[int]]:
+def children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -55,7 +55,7 @@ def _children_map() -> dict[int, list[int]]:
 
 
 def _tree_pids(root_pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
-    children = _children_map() if children is None else children
+    children = children_map() if children is None else children
     out, stack = [], [root_pid]
     while stack:
         p = stack.pop()
@@ -122,7 +122,7 @@ class PeakMemory:
     def _loop(self):
         pss_at = 0.0
         while not self._stop.is_set():
-            children = _children_map()
+            children = children_map()
             if time.monotonic() - pss_at >= PSS_EVERY_S:
                 pss_at = time.monotonic()
                 self.peak = max(self.peak, tree_pss_mib(self.pid, children))

@@ -4,7 +4,7 @@ months these must stay flat after the warm-up. Memory is split by where it lives
 anonymous maps such as malloc arenas and Python's, files), and by allocator, as the runner itself sees it
 (bench/allocators.py: what Python's allocator and malloc hold, and what of that is live: RSS that grows while
 the live memory stays flat is kept by the allocators, not leaked); `kernels_mib` is what the sessions'
-kernels take (PSS of the runner's descendants); `messages` is how many were sent.
+kernels take (PSS of the kernel template and its kernels); `messages` is how many were sent.
 
     python bench/leaks.py              # 10 minutes, a sample a minute
     python bench/leaks.py 3 20         # 3 minutes, a sample every 20 s
@@ -26,9 +26,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from common import scripted_workspace
+from common import children_map, scripted_workspace, templates, tree_pss_mib
 
-from primefs.kernels.forkserver import descendants
 from primefs.store import mail
 from primefs.store.session import list_sessions
 
@@ -69,15 +68,9 @@ def memory(pid: int) -> dict:
 
 
 def kernels_mib(pid: int) -> float:
-    """PSS of the runner's descendants in MiB: the sessions' kernels, their keepers and the kernel template
-    (PSS: pages forked kernels share are counted once)."""
-    kib = 0
-    for child in descendants(pid):
-        try:
-            kib += sum(int(line.split()[1]) for line in open(f"/proc/{child}/smaps_rollup") if line.startswith("Pss:"))
-        except OSError:
-            continue  # gone
-    return round(kib / 1024, 1)
+    """PSS of the runner's kernel template and the kernels forked from it, in MiB (shared pages counted once)."""
+    children = children_map()
+    return round(sum(tree_pss_mib(t, children) for t in templates(pid, children)), 1)
 
 
 def sample(pid: int) -> dict:
