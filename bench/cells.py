@@ -42,7 +42,8 @@ def main(cells: int = 5000, printed: int = 10_000) -> dict:
         after = min(1000, cells)
         return {"cells": cells, "printed_bytes": printed, "seconds": round(time.monotonic() - started, 1),
                 "rss_mib_start": samples[0], "rss_mib_after_1000": samples[after], "rss_mib_end": samples[cells],
-                "mib_per_1000_cells_after_1000": round((samples[cells] - samples[after]) * 1000 / max(1, cells - after), 2)}
+                "mib_per_1000_cells_after_1000":
+                    round((samples[cells] - samples[after]) * 1000 / max(1, cells - after), 2)}
     finally:
         host.close()
         shutil.rmtree(root, ignore_errors=True)
