@@ -160,7 +160,9 @@ class KernelClient:
         started = time.monotonic()
         result = CellResult()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
-        running = False  # the kernel started on this cell (its `busy` for our request)
+        # The kernel runs this cell's handler: ipykernel ignores SIGINT until then (an interrupt sent at
+        # its `busy` can land before, and be lost), so its `execute_input` is the sign, not `busy`.
+        running = False
         deadline = None  # then, with a timeout: when it is interrupted
         interrupted_at = None
         last_alive_check = started
@@ -191,7 +193,7 @@ class KernelClient:
             if msg is None or msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
-            if kind == "status" and content.get("execution_state") == "busy" and not running:
+            if kind == "execute_input" and not running:
                 running = True
                 if timeout:
                     deadline = time.monotonic() + timeout
@@ -209,7 +211,8 @@ class KernelClient:
             elif kind == "clear_output":
                 result.parts.clear()
         if not result.died:
-            reply = self._shell_reply(msg_id)
+            # (an interrupt that landed in ipykernel's code around the cell's leaves no reply)
+            reply = self._shell_reply(msg_id, timeout=1.0 if interrupted_at else 5.0)
             result.not_run = reply is not None and reply["content"].get("status") == "aborted"
         self._drain_shell()
         result.output = "".join(result.parts)
