@@ -243,15 +243,20 @@ def test_attach_without_runner_and_ctrl_c_and_live_agents(ws, scripted):
 def test_the_runners_log_is_kept_small_while_it_runs_for_months(ws, monkeypatch):
     """A runner started by `up` writes its output to .primefs/runner.log, a line or two a turn for as long
     as it runs: past LOG_MAX_BYTES the file becomes runner.log.1 and a new one is begun, no line lost
-    between the two. Here a real process whose output is runner.log, with a small limit."""
+    between the two. Here a real process whose output is runner.log, with a small limit, writing its lines
+    as the runner does (its console: a line in one write; print()'s text and newline are two writes with
+    PYTHONUNBUFFERED, which `up` sets, and a rotation between them would cut the line)."""
     import sys
 
     from primefs.cli import daemon
 
     script = (f"import time\nfrom primefs.cli import daemon\nfrom primefs.store.workspace import Workspace\n"
+              "from primefs.views.console import err\n"
               f"daemon.LOG_MAX_BYTES, daemon.LOG_LOOK_S = 20_000, 0.02\n"
               f"assert daemon.keep_log_small(Workspace({str(ws.root)!r}))\n"
-              "for i in range(5000):\n    print(f'line {i}', flush=True)\n    time.sleep(0.0005 if i % 50 else 0.03)\n"
+              "log = err()\n"
+              "for i in range(5000):\n    log.print(f'line {i}', soft_wrap=True)\n"
+              "    time.sleep(0.0005 if i % 50 else 0.03)\n"
               "time.sleep(0.2)\n")
     ws.state.mkdir(exist_ok=True)
     log = daemon.log_path(ws)

@@ -70,10 +70,10 @@ def keep_log_small(ws) -> bool:
         return False
 
     def look() -> None:
+        # No flush of sys.stdout here: one between print's text and its newline would cut the line in
+        # two across the files. What is still buffered goes to the new file, in order.
         while True:
             time.sleep(LOG_LOOK_S)
-            sys.stdout.flush()
-            sys.stderr.flush()
             rotate_log(ws, (1, 2))
 
     threading.Thread(target=look, name="primefs-log", daemon=True).start()
