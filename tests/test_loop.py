@@ -274,6 +274,46 @@ def test_the_next_commit_waits_longer_after_a_slow_one(ws, monkeypatch):
     assert second_start - first_end >= gitops.Committer.SHARE * (first_end - first_start) - 0.01
 
 
+def test_gits_upkeep_is_not_paced_like_a_commit(ws, monkeypatch):
+    """Packing loose objects (every GC_EVERY commits) can take minutes: it delays the next commit by its own
+    time, not SHARE times it (a 14-minute repack held commits 42 minutes more)."""
+    import threading
+    import time
+
+    from primefs.store import gitops
+
+    commits, packs, committed = [], [], [threading.Event(), threading.Event()]
+    real_commit = gitops.commit_paths
+
+    def timed_commit(root, paths, message):
+        start = time.monotonic()
+        result = real_commit(root, paths, message)
+        commits.append((start, time.monotonic()))
+        committed[len(commits) - 1].set()
+        return result
+
+    def slow_pack(root):
+        start = time.monotonic()
+        time.sleep(2)  # as a repack of a big history takes
+        packs.append((start, time.monotonic()))
+
+    monkeypatch.setattr(gitops, "commit_paths", timed_commit)
+    monkeypatch.setattr(gitops, "pack_loose", slow_pack)
+    monkeypatch.setattr(gitops.Committer, "GC_EVERY", 1)
+    committer = gitops.Committer(ws.root)
+    for i in range(2):
+        (ws.sessions / f"s-{i}").mkdir()
+        (ws.sessions / f"s-{i}" / "f.txt").write_text("x")
+        committer.request(f"sessions/s-{i}", f"session s-{i}: turn 1 idle")
+        assert committed[i].wait(30)
+    committer.close()
+    (first_start, first_end), (second_start, _) = commits
+    pack_start, pack_end = packs[0]
+    assert first_end <= pack_start and pack_end <= second_start
+    wait = second_start - pack_end  # SHARE times the commit's time (or EVERY_S), not times the pack's
+    assert wait <= max(gitops.Committer.EVERY_S, gitops.Committer.SHARE * (first_end - first_start)) + 1, wait
+
+
 def test_a_turn_going_round_in_circles_is_told_then_stopped(ws, server):
     """The same cell again and again (loop_repeat 4): a notice at the 4th, the stop 2 cells later, saying
     what repeated; the model saw the notice; an autonomous goal takes no more turns."""
