@@ -160,8 +160,9 @@ class KernelClient:
         started = time.monotonic()
         result = CellResult()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
-        # The kernel runs this cell's handler: ipykernel ignores SIGINT until then (an interrupt sent at
-        # its `busy` can land before, and be lost), so its `execute_input` is the sign, not `busy`.
+        # The kernel runs this cell's handler. ipykernel ignores SIGINT until then (an interrupt sent at its
+        # `busy` can land before, and be lost): the sign is its `execute_input`, or any output of it (iopub
+        # drops messages past its high-water mark), not `busy`.
         running = False
         deadline = None  # then, with a timeout: when it is interrupted
         interrupted_at = None
@@ -193,11 +194,11 @@ class KernelClient:
             if msg is None or msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
-            if kind == "execute_input" and not running:
+            if not running and kind != "status":
                 running = True
                 if timeout:
                     deadline = time.monotonic() + timeout
-            elif kind == "stream":
+            if kind == "stream":
                 result.parts.append(content.get("text", ""))
             elif kind in ("execute_result", "display_data"):
                 text = content.get("data", {}).get("text/plain")
