@@ -131,6 +131,7 @@ def _safe_load(raw: str):
             return loader.get_single_data()
         finally:
             loader.dispose()
+            loader.__dict__.clear()  # it refers to itself (as parser, composer, resolver's loader): no cycle left
     except Exception:  # noqa: BLE001 - the pure parser's verdict is the one given
         return YAML(typ="safe", pure=True).load(raw)
 
