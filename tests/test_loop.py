@@ -242,9 +242,9 @@ def test_coalesced_turn_commits_name_their_sessions(ws):
     assert subject_for([Mark("x-abc", "demo", "direct call")], []) == "direct call: demo (abc)"
 
 
-def test_the_next_commit_waits_longer_after_a_slow_one(ws, monkeypatch):
-    """In a big workspace a commit is slow (every git process reads the whole index): the committer then
-    waits SHARE times as long as it took before the next, so git takes a part of a core, not all of it."""
+def two_timed_commits(ws, monkeypatch, first_takes_s: float = 0.0) -> list[tuple[float, float]]:
+    """Two sessions' turns committed by a Committer one after the other: (start, end) of each commit
+    (the first made `first_takes_s` slower, as git is in a big workspace)."""
     import threading
     import time
 
@@ -253,16 +253,16 @@ def test_the_next_commit_waits_longer_after_a_slow_one(ws, monkeypatch):
     calls, committed = [], [threading.Event(), threading.Event()]
     real = gitops.commit_paths
 
-    def slow(root, paths, message):
+    def timed(root, paths, message):
         start = time.monotonic()
         if not calls:
-            time.sleep(0.3)  # as git takes at ~10,000 sessions
+            time.sleep(first_takes_s)
         result = real(root, paths, message)
         calls.append((start, time.monotonic()))
         committed[len(calls) - 1].set()
         return result
 
-    monkeypatch.setattr(gitops, "commit_paths", slow)
+    monkeypatch.setattr(gitops, "commit_paths", timed)
     committer = gitops.Committer(ws.root)
     for i in range(2):
         (ws.sessions / f"s-{i}").mkdir()
@@ -270,44 +270,35 @@ def test_the_next_commit_waits_longer_after_a_slow_one(ws, monkeypatch):
         committer.request(f"sessions/s-{i}", f"session s-{i}: turn 1 idle")
         assert committed[i].wait(30)
     committer.close()
-    (first_start, first_end), (second_start, _) = calls
+    return calls
+
+
+def test_the_next_commit_waits_longer_after_a_slow_one(ws, monkeypatch):
+    """In a big workspace a commit is slow (every git process reads the whole index): the committer then
+    waits SHARE times as long as it took before the next, so git takes a part of a core, not all of it."""
+    from primefs.store import gitops
+
+    (first_start, first_end), (second_start, _) = two_timed_commits(ws, monkeypatch, first_takes_s=0.3)
     assert second_start - first_end >= gitops.Committer.SHARE * (first_end - first_start) - 0.01
 
 
 def test_gits_upkeep_is_not_paced_like_a_commit(ws, monkeypatch):
     """Packing loose objects (every GC_EVERY commits) can take minutes: it delays the next commit by its own
     time, not SHARE times it (a 14-minute repack held commits 42 minutes more)."""
-    import threading
     import time
 
     from primefs.store import gitops
 
-    commits, packs, committed = [], [], [threading.Event(), threading.Event()]
-    real_commit = gitops.commit_paths
-
-    def timed_commit(root, paths, message):
-        start = time.monotonic()
-        result = real_commit(root, paths, message)
-        commits.append((start, time.monotonic()))
-        committed[len(commits) - 1].set()
-        return result
+    packs = []
 
     def slow_pack(root):
         start = time.monotonic()
         time.sleep(2)  # as a repack of a big history takes
         packs.append((start, time.monotonic()))
 
-    monkeypatch.setattr(gitops, "commit_paths", timed_commit)
     monkeypatch.setattr(gitops, "pack_loose", slow_pack)
     monkeypatch.setattr(gitops.Committer, "GC_EVERY", 1)
-    committer = gitops.Committer(ws.root)
-    for i in range(2):
-        (ws.sessions / f"s-{i}").mkdir()
-        (ws.sessions / f"s-{i}" / "f.txt").write_text("x")
-        committer.request(f"sessions/s-{i}", f"session s-{i}: turn 1 idle")
-        assert committed[i].wait(30)
-    committer.close()
-    (first_start, first_end), (second_start, _) = commits
+    (first_start, first_end), (second_start, _) = two_timed_commits(ws, monkeypatch)
     pack_start, pack_end = packs[0]
     assert first_end <= pack_start and pack_end <= second_start
     wait = second_start - pack_end  # SHARE times the commit's time (or EVERY_S), not times the pack's
